@@ -1,0 +1,157 @@
+"""MultiHeadAttention: the one attention module every zoo model uses.
+
+The variant (full, local, linear) is a kernel object chosen by name from `VARIANTS`; rotary
+positions are applied to queries and keys before any kernel, so RoPE combines with all of them.
+Models never branch on the variant: they build a MultiHeadAttention from an AttentionConfig.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo.attention.cache import StaticKVCache
+from zoo.attention.positions import RotaryEmbedding
+from zoo.attention.variants import VARIANTS, get_variant
+
+
+@dataclass
+class AttentionConfig:
+    """The knobs of conf/attention/*.yaml, shared by every model."""
+
+    variant: str = "full"
+    window: int | None = None  # local: keys per query
+    rope: bool = False  # rotary positions on queries/keys (self-attention only)
+    rope_base: float = 10000.0
+    dropout: float = 0.0  # attention-probability dropout in training
+    chunk_size: int | None = None  # block length of the local / causal linear kernels
+
+    def __post_init__(self) -> None:
+        get_variant(self.variant, self.window, self.chunk_size)  # validate early, one-line error
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (Vaswani et al. 2017) with interchangeable kernels.
+
+    Parameters follow torch.nn.MultiheadAttention: one fused input projection `in_proj` (rows
+    q, k, v) and `out_proj`, so weights copy across one to one. Self-attention when `context` is
+    None, cross-attention otherwise (no RoPE across sequences).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        variant: str = "full",
+        causal: bool = False,
+        window: int | None = None,
+        rope: bool | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        rope_base: float = 10000.0,
+        rope_axes: int = 1,
+        chunk_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(num_heads, int) or num_heads <= 0:
+            raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+        if dim % num_heads != 0:
+            raise ValueError(f"dim must be divisible by num_heads, got dim={dim} and num_heads={num_heads}")
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.causal = causal
+        self.dropout = dropout
+        self.kernel = get_variant(variant, window, chunk_size)
+        self.rotary = RotaryEmbedding(self.head_dim, rope_base, rope_axes) if rope else None
+        self.in_proj = nn.Linear(dim, 3 * dim, bias=bias)
+        self.out_proj = nn.Linear(dim, dim, bias=bias)
+
+    @classmethod
+    def from_config(cls, dim: int, num_heads: int, config: AttentionConfig, **kwargs: Any) -> MultiHeadAttention:
+        """Build from an AttentionConfig; kwargs (causal, bias, rope_axes, variant...) take precedence."""
+        options = dict(
+            variant=config.variant,
+            window=config.window,
+            rope=config.rope,
+            dropout=config.dropout,
+            rope_base=config.rope_base,
+            chunk_size=config.chunk_size,
+        )
+        options.update(kwargs)
+        return cls(dim, num_heads, **options)
+
+    @property
+    def variant(self) -> str:
+        return self.kernel.name
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, heads={self.num_heads}, variant={self.variant}, causal={self.causal}, rope={self.rotary is not None}"
+
+    def new_cache(self, cross_attention: bool = False) -> Any:
+        """A fresh decoding state: the kernel's own for self-attention, a static one for cross-attention."""
+        return StaticKVCache() if cross_attention else self.kernel.new_cache()
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape  # (B, T, C) -> (B, H, T, hd)
+        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        cache: Any = None,
+        need_weights: bool = False,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, T, C); context (B, S, C) or None; key_padding_mask (B, S) bool, True = padding.
+
+        With `cache` (from `new_cache`), x holds only the new tokens and attends to everything cached.
+        `positions` ((T,) or (T, axes) ints) overrides the default 0..T-1 (+ cache offset) for RoPE.
+        Returns the output (B, T, C), or (output, probabilities (B, H, T, S)) if need_weights.
+        """
+        batch, length, _ = x.shape
+        dropout_p = self.dropout if self.training else 0.0
+        if context is None:
+            q, k, v = self._heads_qkv(x)
+            if self.rotary is not None:
+                if positions is None:
+                    start = cache.offset if cache is not None else 0
+                    positions = torch.arange(start, start + length, device=x.device)
+                q, k = self.rotary.rotate(q, positions), self.rotary.rotate(k, positions)
+            if cache is not None:
+                out, weights = self.kernel.decode(
+                    q, k, v, cache, key_padding_mask=key_padding_mask, need_weights=need_weights
+                )
+            else:
+                out, weights = self.kernel(
+                    q, k, v, causal=self.causal, key_padding_mask=key_padding_mask,
+                    dropout_p=dropout_p, need_weights=need_weights,
+                )
+        else:
+            if not self.kernel.supports_cross_attention:
+                valid = sorted(name for name, kernel in VARIANTS.items() if kernel.supports_cross_attention)
+                raise ValueError(f"cross-attention is not supported by variant {self.variant!r}; valid choices: {valid}")
+            w_q, w_kv = self.in_proj.weight.split([self.dim, 2 * self.dim])
+            b_q, b_kv = self.in_proj.bias.split([self.dim, 2 * self.dim]) if self.in_proj.bias is not None else (None, None)
+            q = self._heads(F.linear(x, w_q, b_q))
+            if cache is not None and cache.keys is not None:
+                k, v = cache.keys, cache.values
+            else:
+                k, v = (self._heads(t) for t in F.linear(context, w_kv, b_kv).chunk(2, dim=-1))
+                if cache is not None:
+                    cache.keys, cache.values = k, v
+            out, weights = self.kernel(
+                q, k, v, causal=False, key_padding_mask=key_padding_mask,
+                dropout_p=dropout_p, need_weights=need_weights,
+            )
+        out = self.out_proj(out.transpose(1, 2).reshape(batch, length, self.dim))
+        return (out, weights) if need_weights else out
+
+    def _heads_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return tuple(self._heads(t) for t in self.in_proj(x).chunk(3, dim=-1))

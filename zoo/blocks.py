@@ -1,0 +1,155 @@
+"""Transformer building blocks shared by every model: MLP, drop path, and the residual block.
+
+One block serves encoder (self-attention + MLP), decoder (masked self-attention + cross-attention
++ MLP), pre-norm (GPT, ViT, CLIP) and post-norm (Vaswani et al. 2017) alike; its attention always
+comes from zoo.attention.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo.attention import AttentionConfig, MultiHeadAttention
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(1.702 x): the GELU approximation of OpenAI's CLIP."""
+    return x * torch.sigmoid(1.702 * x)
+
+
+ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
+    "relu": F.relu,
+    "quick_gelu": quick_gelu,
+    "silu": F.silu,
+}
+
+
+def get_activation(name: str):
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; valid choices: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward network: Linear -> activation -> dropout -> Linear."""
+
+    def __init__(self, dim: int, hidden_dim: int, activation: str = "gelu", dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.act = get_activation(activation)
+        self.dropout = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.dropout(self.act(self.fc1(x))))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth (Huang et al. 2016): drop a sample's whole residual branch in training."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class TransformerBlock(nn.Module):
+    """Residual block: self-attention, optional cross-attention, MLP; pre- or post-norm.
+
+    Submodule names and dropout placement follow torch.nn.TransformerEncoderLayer /
+    TransformerDecoderLayer so that the two compute the same function with copied weights.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_dim: int | None = None,
+        attention: AttentionConfig | None = None,
+        causal: bool = False,
+        cross_attention: bool = False,
+        cross_attention_variant: str = "full",
+        norm_first: bool = True,
+        dropout: float = 0.0,
+        drop_path: float = 0.0,
+        activation: str = "gelu",
+        bias: bool = True,
+        norm_eps: float = 1e-5,
+        rope_axes: int = 1,
+    ) -> None:
+        super().__init__()
+        attention = attention or AttentionConfig()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention.from_config(
+            dim, num_heads, attention, causal=causal, bias=bias, rope_axes=rope_axes
+        )
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+        self.dropout1 = nn.Dropout(dropout)
+        self.cross_attn = None
+        if cross_attention:
+            self.cross_attn = MultiHeadAttention.from_config(
+                dim, num_heads, attention, variant=cross_attention_variant, rope=False, window=None, bias=bias
+            )
+            self.norm_cross = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+            self.dropout_cross = nn.Dropout(dropout)
+        self.mlp = MLP(dim, mlp_dim or 4 * dim, activation, dropout, bias)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+        self.dropout2 = nn.Dropout(dropout)
+        self.drop_path = DropPath(drop_path)
+
+    def new_cache(self) -> dict[str, Any]:
+        cache = {"self": self.self_attn.new_cache()}
+        if self.cross_attn is not None:
+            cache["cross"] = self.cross_attn.new_cache(cross_attention=True)
+        return cache
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        context: torch.Tensor | None = None,
+        context_padding_mask: torch.Tensor | None = None,
+        cache: dict[str, Any] | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x (B, T, C); context (B, S, C) for cross-attention; masks (B, T) / (B, S) bool, True = pad."""
+        self_cache = cache["self"] if cache is not None else None
+
+        def self_attention(h: torch.Tensor) -> torch.Tensor:
+            h = self.self_attn(h, key_padding_mask=key_padding_mask, cache=self_cache, positions=positions)
+            return self.drop_path(self.dropout1(h))
+
+        def cross_attention(h: torch.Tensor) -> torch.Tensor:
+            cross_cache = cache["cross"] if cache is not None else None
+            h = self.cross_attn(h, context, key_padding_mask=context_padding_mask, cache=cross_cache)
+            return self.drop_path(self.dropout_cross(h))
+
+        def feed_forward(h: torch.Tensor) -> torch.Tensor:
+            return self.drop_path(self.dropout2(self.mlp(h)))
+
+        if self.norm_first:
+            x = x + self_attention(self.norm1(x))
+            if self.cross_attn is not None:
+                x = x + cross_attention(self.norm_cross(x))
+            x = x + feed_forward(self.norm2(x))
+        else:
+            x = self.norm1(x + self_attention(x))
+            if self.cross_attn is not None:
+                x = self.norm_cross(x + cross_attention(x))
+            x = self.norm2(x + feed_forward(x))
+        return x
