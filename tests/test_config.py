@@ -1,0 +1,65 @@
+"""Every config group option composes, and the CLI runs end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import CONF, compose_config, run_cli
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def test_every_group_has_options() -> None:
+    for group in ("model", "attention", "data", "trainer", "logger", "callbacks", "paths", "hydra", "debug"):
+        assert options(group), f"conf/{group}/ is empty"
+
+
+@pytest.mark.parametrize(
+    ("group", "option"),
+    [(group, option) for group in ("model", "attention", "data", "trainer", "logger", "callbacks", "debug",
+                                   "experiment", "hparams_search") for option in options(group)],
+)
+def test_config_option_composes(group: str, option: str, tmp_path: Path) -> None:
+    overrides = [f"{group}={option}"]
+    if option == "image_folder":  # the user must name the folder and its classes
+        overrides += ["data.data_dir=images", "data.num_classes=3"]
+    cfg = compose_config(overrides, tmp_path)
+    cfg.paths.output_dir = str(tmp_path)
+    # Resolving everything catches broken interpolations; ??? (user must supply) is allowed.
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(cfg, resolve=False)
+    container.pop("hydra")
+    container = OmegaConf.to_container(OmegaConf.create(container), resolve=True, throw_on_missing=False)
+    assert container["model"]["_target_"].startswith("zoo.tasks.")
+    assert "_target_" in container["data"]
+    assert container["optimized_metric"] == container["model_metric"]["name"]
+
+
+def test_model_picks_its_default_dataset_and_data_overrides_it(tmp_path: Path) -> None:
+    assert compose_config(["model=vit"], tmp_path).data._target_.endswith("DigitsDataModule")
+    cfg = compose_config(["model=vit", "data=fashion_mnist"], tmp_path)
+    assert cfg.data._target_.endswith("FashionMNISTDataModule")
+    assert cfg.model.net.image_size == 28
+
+
+def test_attention_group_reaches_the_model(tmp_path: Path) -> None:
+    cfg = compose_config(["model=vit", "attention=full", "attention.rope=true"], tmp_path)
+    assert cfg.model.net.attention.rope is True
+
+
+@pytest.mark.slow
+def test_vit_fast_dev_run_writes_outputs(tmp_outputs: Path) -> None:
+    result = run_cli(["model=vit", "trainer.fast_dev_run=true", f"paths.log_dir={tmp_outputs}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test/acc" in result.stdout
+    runs = list((tmp_outputs / "vit").iterdir())
+    assert len(runs) == 1
+    assert (runs[0] / ".hydra" / "config.yaml").is_file()
+    metrics = json.loads((runs[0] / "metrics.json").read_text())
+    assert 0.0 <= metrics["test/acc"] <= 1.0

@@ -1,0 +1,319 @@
+"""Image-classification data modules: digits (embedded), MNIST, Fashion-MNIST, CIFAR-10, image folders.
+
+Every module yields (image float (C, H, W), label int) batches, has `classes` (names, used by CLIP's
+prompt captions), and splits deterministically: test = the dataset's own test split, val = a seeded
+stratified `val_fraction` of the training split.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from sklearn.model_selection import train_test_split
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import v2
+
+from zoo.data.errors import DataError
+
+
+class TensorImageDataset(Dataset):
+    """uint8 images (N, C, H, W) and int64 labels (N,) with a per-sample transform."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Any = None) -> None:
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.images[index]
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.labels[index])
+
+
+class ImageClassificationDataModule(L.LightningDataModule):
+    """Base: subclasses implement `load()` -> (train_images, train_labels, test_images, test_labels) as
+    uint8 (N, C, H, W) / int64 tensors, and set `classes`, `mean`, `std`."""
+
+    classes: tuple[str, ...] = ()
+    mean: tuple[float, ...] = (0.5,)
+    std: tuple[float, ...] = (0.5,)
+    default_augment: tuple = ()
+
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        batch_size: int = 64,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        val_fraction: float = 0.1,
+        seed: int = 0,
+        image_size: int | None = None,
+        in_channels: int | None = None,
+        num_classes: int | None = None,
+        augment: bool = True,
+        download: bool = True,
+    ) -> None:
+        super().__init__()
+        if not 0.0 < val_fraction < 1.0:
+            raise DataError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
+        if batch_size <= 0:
+            raise DataError(f"data.batch_size must be a positive int, got {batch_size}")
+        self.data_dir = data_dir
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers = num_workers
+        self.val_fraction = val_fraction
+        self.seed = seed
+        self.image_size = image_size
+        self.in_channels = in_channels
+        self.num_classes = num_classes
+        self.augment = augment
+        self.download = download
+        self.train_set = self.val_set = self.test_set = None
+
+    # -- subclass API ---------------------------------------------------------------------------
+    def load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def augmentations(self) -> list:
+        """Training-only transforms on uint8 tensors; the dataset's standard recipe."""
+        return list(self.default_augment)
+
+    # -- Lightning -------------------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        train_images, train_labels, test_images, test_labels = self.load()
+        self._check_metadata(train_images, train_labels)
+        train_idx, val_idx = train_test_split(
+            np.arange(len(train_labels)), test_size=self.val_fraction, random_state=self.seed,
+            stratify=train_labels.numpy(),
+        )
+        train_idx, val_idx = torch.as_tensor(np.sort(train_idx)), torch.as_tensor(np.sort(val_idx))
+        resize = [v2.Resize((self.image_size, self.image_size), antialias=True)] if self._needs_resize(train_images) else []
+        to_float = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]
+        train_tf = v2.Compose(resize + (self.augmentations() if self.augment else []) + to_float)
+        eval_tf = v2.Compose(resize + to_float)
+        self.train_set = TensorImageDataset(train_images[train_idx], train_labels[train_idx], train_tf)
+        self.val_set = TensorImageDataset(train_images[val_idx], train_labels[val_idx], eval_tf)
+        self.test_set = TensorImageDataset(test_images, test_labels, eval_tf)
+
+    def _needs_resize(self, images: torch.Tensor) -> bool:
+        return self.image_size is not None and tuple(images.shape[-2:]) != (self.image_size, self.image_size)
+
+    def _check_metadata(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        name = type(self).__name__
+        if self.in_channels is not None and images.shape[1] != self.in_channels:
+            raise DataError(f"{name} has {images.shape[1]} channels, but data.in_channels={self.in_channels}")
+        found = int(labels.max()) + 1
+        if self.num_classes is not None and found > self.num_classes:
+            raise DataError(f"{name} has {found} classes, but data.num_classes={self.num_classes}")
+
+    def _loader(self, dataset: Dataset, shuffle: bool, batch_size: int) -> DataLoader:
+        return DataLoader(
+            dataset, batch_size=batch_size, shuffle=shuffle, num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0, drop_last=False,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, True, self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, False, self.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, False, self.eval_batch_size)
+
+
+class DigitsDataModule(ImageClassificationDataModule):
+    """scikit-learn's bundled 8x8 digits (1,797 images): no download, the embedded default.
+    Test = a stratified 20% hold-out (360 images), as in scikit-learn's own example."""
+
+    classes = tuple(str(d) for d in range(10))
+    mean, std = (0.3,), (0.38,)
+
+    def __init__(self, test_fraction: float = 0.2, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.test_fraction = test_fraction
+
+    def augmentations(self) -> list:
+        # Small shifts/rotations that stay inside the frame (wrap-around shifts hurt on 8x8 digits).
+        return [v2.RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1))]
+
+    def load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        images = torch.from_numpy(np.round(digits.images * (255.0 / 16.0)).astype(np.uint8))[:, None]
+        labels = torch.from_numpy(digits.target.astype(np.int64))
+        train_idx, test_idx = train_test_split(
+            np.arange(len(labels)), test_size=self.test_fraction, random_state=0, stratify=digits.target
+        )
+        train_idx, test_idx = np.sort(train_idx), np.sort(test_idx)
+        return images[train_idx], labels[train_idx], images[test_idx], labels[test_idx]
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (LeCun's MNIST format), plain or gzipped."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as handle:
+        data = handle.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
+        raise DataError(f"{path} is not an unsigned-byte IDX file")
+    ndim = data[3]
+    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    array = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if array.size != int(np.prod(shape)):
+        raise DataError(f"{path} is truncated: expected {int(np.prod(shape))} values, found {array.size}")
+    return array.reshape(shape)
+
+
+class MNISTLikeDataModule(ImageClassificationDataModule):
+    """MNIST-format data (idx files). Reads `data_dir` holding the four idx files (plain or .gz, e.g.
+    Debian's /usr/share/datasets/fashion-mnist) or torchvision's layout <data_dir>/<Name>/raw; otherwise
+    downloads with torchvision when online."""
+
+    torchvision_name = "MNIST"
+    files = {
+        "train_images": "train-images-idx3-ubyte",
+        "train_labels": "train-labels-idx1-ubyte",
+        "test_images": "t10k-images-idx3-ubyte",
+        "test_labels": "t10k-labels-idx1-ubyte",
+    }
+
+    def augmentations(self) -> list:
+        return [v2.RandomCrop(28, padding=2)]
+
+    def _find(self, root: Path) -> dict[str, Path] | None:
+        for folder in (root, root / self.torchvision_name / "raw"):
+            found = {}
+            for key, stem in self.files.items():
+                for candidate in (folder / stem, folder / f"{stem}.gz"):
+                    if candidate.is_file():
+                        found[key] = candidate
+                        break
+            if len(found) == len(self.files):
+                return found
+        return None
+
+    def load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        root = Path(self.data_dir or "data").expanduser()
+        found = self._find(root)
+        if found is None and self.download:
+            import torchvision.datasets as tv_datasets
+
+            try:
+                getattr(tv_datasets, self.torchvision_name)(str(root), train=True, download=True)
+                getattr(tv_datasets, self.torchvision_name)(str(root), train=False, download=True)
+            except Exception as error:  # offline, proxy, disk: all end in the same advice
+                raise DataError(
+                    f"{self.torchvision_name} is not in data.data_dir={str(root)!r} and could not be downloaded "
+                    f"({type(error).__name__}); point data.data_dir at a folder with the four idx files"
+                    f"{self.debian_hint()}"
+                ) from None
+            found = self._find(root)
+        if found is None:
+            raise DataError(
+                f"{self.torchvision_name} idx files not found in data.data_dir={str(root)!r} (download disabled); "
+                f"expected {sorted(self.files.values())}{self.debian_hint()}"
+            )
+        arrays = {key: torch.from_numpy(read_idx(path).copy()) for key, path in found.items()}
+        return (
+            arrays["train_images"][:, None], arrays["train_labels"].long(),
+            arrays["test_images"][:, None], arrays["test_labels"].long(),
+        )
+
+    def debian_hint(self) -> str:
+        return ""
+
+
+class MNISTDataModule(MNISTLikeDataModule):
+    torchvision_name = "MNIST"
+    classes = tuple(str(d) for d in range(10))
+    mean, std = (0.1307,), (0.3081,)
+
+
+class FashionMNISTDataModule(MNISTLikeDataModule):
+    torchvision_name = "FashionMNIST"
+    classes = ("T-shirt/top", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle boot")
+    mean, std = (0.2860,), (0.3530,)
+
+    def augmentations(self) -> list:
+        return [v2.RandomHorizontalFlip(), v2.RandomCrop(28, padding=2)]
+
+    def debian_hint(self) -> str:
+        return " (Debian: apt-get install dataset-fashion-mnist, then data.data_dir=/usr/share/datasets/fashion-mnist)"
+
+
+class CIFAR10DataModule(ImageClassificationDataModule):
+    """CIFAR-10 through torchvision: reads <data_dir>/cifar-10-batches-py, downloads when online."""
+
+    classes = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+    mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+
+    def augmentations(self) -> list:
+        size = self.image_size or 32
+        return [v2.RandomCrop(size, padding=size // 8), v2.RandomHorizontalFlip()]
+
+    def load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        from torchvision.datasets import CIFAR10
+
+        root = str(Path(self.data_dir or "data").expanduser())
+        try:
+            train = CIFAR10(root, train=True, download=self.download)
+            test = CIFAR10(root, train=False, download=self.download)
+        except Exception as error:
+            raise DataError(
+                f"CIFAR-10 is not in data.data_dir={root!r} and could not be downloaded ({type(error).__name__}); "
+                "point data.data_dir at a folder holding cifar-10-batches-py"
+            ) from None
+
+        def tensors(ds: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(), torch.tensor(ds.targets)
+
+        return (*tensors(train), *tensors(test))
+
+
+class ImageFolderDataModule(ImageClassificationDataModule):
+    """Your own images: <data_dir>/<class>/<image> (torchvision ImageFolder). With train/ and test/
+    subfolders those are the splits; otherwise a seeded 20% of the images is the test split."""
+
+    mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+
+    def augmentations(self) -> list:
+        return [v2.RandomHorizontalFlip()]
+
+    def load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        from torchvision.datasets import ImageFolder
+        from torchvision.io import ImageReadMode, decode_image
+
+        if not self.data_dir or not Path(self.data_dir).is_dir():
+            raise DataError(f"data.data_dir must be an existing folder of <class>/<image> files, got {self.data_dir!r}")
+        if self.image_size is None:
+            raise DataError("data.image_size must be set for image_folder (images are resized to it)")
+        root = Path(self.data_dir)
+        mode = ImageReadMode.RGB if (self.in_channels or 3) == 3 else ImageReadMode.GRAY
+        resize = v2.Resize((self.image_size, self.image_size), antialias=True)
+
+        def read(folder: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+            ds = ImageFolder(str(folder))
+            images = torch.stack([resize(decode_image(path, mode=mode)) for path, _ in ds.samples])
+            return images, torch.tensor(ds.targets), ds.classes
+
+        if (root / "train").is_dir() and (root / "test").is_dir():
+            train_images, train_labels, classes = read(root / "train")
+            test_images, test_labels, _ = read(root / "test")
+        else:
+            images, labels, classes = read(root)
+            train_idx, test_idx = train_test_split(np.arange(len(labels)), test_size=0.2, random_state=0, stratify=labels)
+            train_images, train_labels = images[np.sort(train_idx)], labels[np.sort(train_idx)]
+            test_images, test_labels = images[np.sort(test_idx)], labels[np.sort(test_idx)]
+        self.classes = tuple(classes)
+        return train_images, train_labels, test_images, test_labels

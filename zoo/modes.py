@@ -1,0 +1,1 @@
+"""Imports every module that registers a run mode with zoo.pipeline.register_mode."""

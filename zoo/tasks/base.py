@@ -1,0 +1,49 @@
+"""The Lightning base every task shares: optimiser with weight-decay groups and lr schedule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+
+from zoo.tasks.optim import build_optimizer, lr_multiplier
+
+
+class ZooTask(L.LightningModule):
+    """Holds `self.net` (a pure nn.Module from zoo.models) and owns optimisation.
+
+    optimizer: {name, lr, weight_decay, betas, eps}; scheduler: {name, warmup_steps | warmup_ratio,
+    min_lr}. Total steps come from the Trainer (max_steps, or epochs x batches).
+    """
+
+    net: torch.nn.Module
+
+    def __init__(self, optimizer: dict[str, Any] | None = None, scheduler: dict[str, Any] | None = None,
+                 compile: bool = False) -> None:
+        super().__init__()
+        self.optimizer_config = dict(optimizer or {})
+        self.scheduler_config = dict(scheduler or {})
+        self.compile_model = compile
+
+    def configure_model(self) -> None:
+        if self.compile_model and not getattr(self, "_compiled", False):
+            self.net = torch.compile(self.net)
+            self._compiled = True
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = build_optimizer(self.net, **self.optimizer_config)
+        schedule = dict(self.scheduler_config)
+        name = schedule.pop("name", "cosine")
+        total = int(self.trainer.estimated_stepping_batches)
+        warmup = schedule.pop("warmup_steps", None)
+        if warmup is None:
+            warmup = round(schedule.pop("warmup_ratio", 0.0) * total)
+        schedule.pop("warmup_ratio", None)
+        min_lr = schedule.pop("min_lr", 0.0)
+        if schedule:
+            raise ValueError(f"unknown scheduler options {sorted(schedule)}; valid: name, warmup_steps, warmup_ratio, min_lr")
+        base_lr = self.optimizer_config.get("lr", 1e-3)
+        factor = lr_multiplier(name, total, warmup, min_lr / base_lr if base_lr else 0.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

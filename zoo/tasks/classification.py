@@ -1,0 +1,56 @@
+"""Image classification with a ViT: cross-entropy (optional label smoothing), top-1 accuracy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torchmetrics
+
+from zoo.models.vit import ViT, ViTConfig
+from zoo.tasks.base import ZooTask
+
+
+class ImageClassificationTask(ZooTask):
+    def __init__(
+        self,
+        net: dict[str, Any],
+        optimizer: dict[str, Any] | None = None,
+        scheduler: dict[str, Any] | None = None,
+        label_smoothing: float = 0.0,
+        compile: bool = False,
+    ) -> None:
+        super().__init__(optimizer, scheduler, compile)
+        self.save_hyperparameters()
+        self.net = ViT(ViTConfig(**net))
+        self.label_smoothing = label_smoothing
+        num_classes = self.net.config.num_classes
+        metric = lambda: torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
+        self.train_acc, self.val_acc, self.test_acc = metric(), metric(), metric()
+        self.test_confusion = torchmetrics.ConfusionMatrix(task="multiclass", num_classes=num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.net(images)
+
+    def _step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> torch.Tensor:
+        images, labels = batch
+        logits = self(images)
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing if stage == "train" else 0.0)
+        accuracy = getattr(self, f"{stage}_acc")
+        accuracy(logits, labels)
+        on_step = stage == "train"
+        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, batch_size=len(labels))
+        self.log(f"{stage}/acc", accuracy, on_step=False, on_epoch=True, prog_bar=True)
+        if stage == "test":
+            self.test_confusion.update(logits, labels)
+        return loss
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, "test")
