@@ -34,10 +34,16 @@ def compose_config(overrides: list[str], output_dir: Path | None = None) -> Dict
     return cfg
 
 
-def run_cli(args: list[str], cwd: Path = ROOT, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str], cwd: Path = ROOT, timeout: float = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Run `python run.py <args>` in a subprocess; returns the completed process (text output)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", **(env or {})}
     return subprocess.run(
-        [sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, capture_output=True, text=True,
-        timeout=timeout, env=full_env,
+        [sys.executable, str(ROOT / "run.py"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
     )

@@ -21,8 +21,21 @@ def test_every_group_has_options() -> None:
 
 @pytest.mark.parametrize(
     ("group", "option"),
-    [(group, option) for group in ("model", "attention", "data", "trainer", "logger", "callbacks", "debug",
-                                   "experiment", "hparams_search") for option in options(group)],
+    [
+        (group, option)
+        for group in (
+            "model",
+            "attention",
+            "data",
+            "trainer",
+            "logger",
+            "callbacks",
+            "debug",
+            "experiment",
+            "hparams_search",
+        )
+        for option in options(group)
+    ],
 )
 def test_config_option_composes(group: str, option: str, tmp_path: Path) -> None:
     overrides = [f"{group}={option}"]

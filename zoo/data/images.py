@@ -93,11 +93,15 @@ class ImageClassificationDataModule(L.LightningDataModule):
         train_images, train_labels, test_images, test_labels = self.load()
         self._check_metadata(train_images, train_labels)
         train_idx, val_idx = train_test_split(
-            np.arange(len(train_labels)), test_size=self.val_fraction, random_state=self.seed,
+            np.arange(len(train_labels)),
+            test_size=self.val_fraction,
+            random_state=self.seed,
             stratify=train_labels.numpy(),
         )
         train_idx, val_idx = torch.as_tensor(np.sort(train_idx)), torch.as_tensor(np.sort(val_idx))
-        resize = [v2.Resize((self.image_size, self.image_size), antialias=True)] if self._needs_resize(train_images) else []
+        resize = (
+            [v2.Resize((self.image_size, self.image_size), antialias=True)] if self._needs_resize(train_images) else []
+        )
         to_float = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]
         train_tf = v2.Compose(resize + (self.augmentations() if self.augment else []) + to_float)
         eval_tf = v2.Compose(resize + to_float)
@@ -118,8 +122,12 @@ class ImageClassificationDataModule(L.LightningDataModule):
 
     def _loader(self, dataset: Dataset, shuffle: bool, batch_size: int) -> DataLoader:
         return DataLoader(
-            dataset, batch_size=batch_size, shuffle=shuffle, num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0, drop_last=False,
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            drop_last=False,
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -226,8 +234,10 @@ class MNISTLikeDataModule(ImageClassificationDataModule):
             )
         arrays = {key: torch.from_numpy(read_idx(path).copy()) for key, path in found.items()}
         return (
-            arrays["train_images"][:, None], arrays["train_labels"].long(),
-            arrays["test_images"][:, None], arrays["test_labels"].long(),
+            arrays["train_images"][:, None],
+            arrays["train_labels"].long(),
+            arrays["test_images"][:, None],
+            arrays["test_labels"].long(),
         )
 
     def debian_hint(self) -> str:
@@ -312,7 +322,9 @@ class ImageFolderDataModule(ImageClassificationDataModule):
             test_images, test_labels, _ = read(root / "test")
         else:
             images, labels, classes = read(root)
-            train_idx, test_idx = train_test_split(np.arange(len(labels)), test_size=0.2, random_state=0, stratify=labels)
+            train_idx, test_idx = train_test_split(
+                np.arange(len(labels)), test_size=0.2, random_state=0, stratify=labels
+            )
             train_images, train_labels = images[np.sort(train_idx)], labels[np.sort(train_idx)]
             test_images, test_labels = images[np.sort(test_idx)], labels[np.sort(test_idx)]
         self.classes = tuple(classes)

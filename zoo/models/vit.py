@@ -73,9 +73,17 @@ class ViT(nn.Module):
         drop_rates = torch.linspace(0, config.drop_path, config.depth).tolist()
         self.blocks = nn.ModuleList(
             TransformerBlock(
-                config.dim, config.num_heads, config.mlp_dim, config.attention,
-                dropout=config.dropout, drop_path=rate, activation=config.activation,
-                bias=config.bias, norm_eps=config.norm_eps, rope_axes=2, norm_first=True,
+                config.dim,
+                config.num_heads,
+                config.mlp_dim,
+                config.attention,
+                dropout=config.dropout,
+                drop_path=rate,
+                activation=config.activation,
+                bias=config.bias,
+                norm_eps=config.norm_eps,
+                rope_axes=2,
+                norm_first=True,
             )
             for rate in drop_rates
         )
@@ -156,3 +164,156 @@ def resample_position_embedding(pos_embed: torch.Tensor, new_grid: int, num_pref
     grid_tokens = F.interpolate(grid_tokens.float(), size=(new_grid, new_grid), mode="bicubic", align_corners=False)
     grid_tokens = grid_tokens.permute(0, 2, 3, 1).reshape(1, new_grid * new_grid, dim).to(pos_embed.dtype)
     return torch.cat([prefix, grid_tokens], dim=1)
+
+
+# -- torchvision interop -------------------------------------------------------------------------
+# torchvision.models.VisionTransformer and zoo's ViT are the same network (pre-norm blocks, class
+# token, learned positions, LayerNorm eps 1e-6); only the parameter names differ.
+_TORCHVISION_RENAMES = (
+    ("class_token", "cls_token"),
+    ("conv_proj.", "patch_embed."),
+    ("encoder.pos_embedding", "pos_embed"),
+    ("encoder.ln.", "norm."),
+    ("heads.head.", "head."),
+    (".ln_1.", ".norm1."),
+    (".ln_2.", ".norm2."),
+    (".self_attention.in_proj_weight", ".self_attn.in_proj.weight"),
+    (".self_attention.in_proj_bias", ".self_attn.in_proj.bias"),
+    (".self_attention.out_proj.", ".self_attn.out_proj."),
+    (".mlp.0.", ".mlp.fc1."),
+    (".mlp.3.", ".mlp.fc2."),
+    ("encoder.layers.encoder_layer_", "blocks."),
+)
+
+# Heads of torchvision's named sizes (the head count is not recoverable from weights alone).
+_TORCHVISION_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
+
+
+def convert_torchvision_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """torchvision VisionTransformer parameter names -> zoo ViT names."""
+    if any(key.startswith("heads.pre_logits") for key in state_dict):
+        raise ValueError("torchvision ViTs with a representation_size (pre_logits) layer are not supported")
+    converted = {}
+    for key, value in state_dict.items():
+        for old, new in _TORCHVISION_RENAMES:
+            key = key.replace(old, new)
+        converted[key] = value
+    return converted
+
+
+def torchvision_architecture(state_dict: dict[str, torch.Tensor]) -> dict[str, int]:
+    """dim, depth, mlp_dim, patch_size, num_heads, in_channels and image_size read off torchvision weights."""
+    dim, in_channels, patch_size, _ = state_dict["conv_proj.weight"].shape
+    depth = len({key.split(".")[2] for key in state_dict if key.startswith("encoder.layers.")})
+    grid = round((state_dict["encoder.pos_embedding"].shape[1] - 1) ** 0.5)
+    return {
+        "dim": dim,
+        "depth": depth,
+        "mlp_dim": state_dict["encoder.layers.encoder_layer_0.mlp.0.weight"].shape[0],
+        "patch_size": patch_size,
+        "num_heads": _TORCHVISION_HEADS.get(dim, max(1, dim // 64)),
+        "in_channels": in_channels,
+        "image_size": grid * patch_size,
+    }
+
+
+def load_reference_weights(model: ViT, state_dict: dict[str, torch.Tensor]) -> list[str]:
+    """Load zoo-named weights into `model`, adapting what fine-tuning changes.
+
+    Position tables are resampled to the model's grid; a classifier head of another class count and
+    weights the architecture no longer has (a position table under RoPE, a class token under mean
+    pooling: a change of architecture) are left out. Returns notes on what was adapted; any other
+    mismatch is one ValueError naming the missing and unexpected keys.
+    """
+    notes, state_dict = [], dict(state_dict)
+    own = model.state_dict()
+    if "pos_embed" in state_dict:
+        if model.pos_embed is None:
+            notes.append("dropped the learned position table (RoPE replaces it)")
+            del state_dict["pos_embed"]
+        else:
+            prefix = 1 if "cls_token" in state_dict else 0
+            table = state_dict["pos_embed"]
+            if model.cls_token is None and prefix:
+                table = table[:, 1:]
+                prefix = 0
+            resampled = resample_position_embedding(table, model.config.grid_size, prefix)
+            if resampled.shape != table.shape:
+                notes.append(f"resampled positions {tuple(table.shape)} -> {tuple(resampled.shape)} (bicubic)")
+            state_dict["pos_embed"] = resampled
+    if "cls_token" in state_dict and model.cls_token is None:
+        notes.append("dropped the class token (mean pooling)")
+        del state_dict["cls_token"]
+    head_keys = [key for key in state_dict if key.startswith("head.")]
+    if head_keys and any(state_dict[k].shape != own.get(k, state_dict[k]).shape or k not in own for k in head_keys):
+        notes.append("new classifier head (different number of classes)")
+        for key in head_keys:
+            del state_dict[key]
+    missing = sorted(set(own) - set(state_dict) - {k for k in own if k.startswith("head.")})
+    unexpected = sorted(set(state_dict) - set(own))
+    if missing or unexpected:
+        raise ValueError(
+            f"pretrained weights do not fit this ViT: missing keys {missing[:8]}, unexpected keys {unexpected[:8]}"
+        )
+    shapes = [k for k in state_dict if state_dict[k].shape != own[k].shape]
+    if shapes:
+        raise ValueError(f"pretrained weights do not fit this ViT: shape mismatch at {shapes[:8]}")
+    model.load_state_dict(state_dict, strict=False)
+    return notes
+
+
+def vit_from_torchvision(
+    reference: nn.Module, image_size: int | None = None, num_classes: int | None = None, **overrides: Any
+) -> ViT:
+    """A zoo ViT equal to a torchvision `VisionTransformer` (any size); optionally at another image
+    size (positions resampled) or class count (new head). `overrides` set other ViTConfig fields,
+    e.g. attention={"variant": "linear"} (a change of architecture: fine-tune afterwards)."""
+    state_dict = {k: v.detach() for k, v in reference.state_dict().items()}
+    arch = torchvision_architecture(state_dict)
+    arch["num_heads"] = reference.encoder.layers[0].self_attention.num_heads
+    arch["image_size"] = image_size or reference.image_size
+    head = state_dict.get("heads.head.weight")
+    arch["num_classes"] = num_classes if num_classes is not None else (head.shape[0] if head is not None else 0)
+    model = ViT(ViTConfig(**{**arch, "norm_eps": 1e-6, "activation": "gelu", "pool": "cls", **overrides}))
+    load_reference_weights(model, convert_torchvision_state_dict(state_dict))
+    return model
+
+
+ViT.from_torchvision = staticmethod(vit_from_torchvision)
+
+
+def read_weights_file(path: str) -> dict[str, torch.Tensor]:
+    """A state dict (or Lightning checkpoint) from disk, without executing code (weights_only)."""
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"model.pretrained file not found: {path!r}")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(f"model.pretrained={path!r} is not a readable state dict ({type(error).__name__})") from None
+    if isinstance(obj, dict) and "state_dict" in obj:  # a Lightning checkpoint: zoo names under "net."
+        return {k.removeprefix("net."): v for k, v in obj["state_dict"].items() if k.startswith("net.")}
+    if not isinstance(obj, dict) or not all(torch.is_tensor(v) for v in obj.values()):
+        raise ValueError(f"model.pretrained={path!r} holds no state dict of tensors")
+    return obj
+
+
+def vit_from_pretrained(path: str, config: ViTConfig) -> tuple[ViT, list[str]]:
+    """Build a ViT for `config` from a torchvision state dict or a zoo checkpoint at `path`.
+
+    torchvision weights define the trunk (dim, depth, heads, MLP, patch size); `config` keeps the
+    image size, classes, pooling, attention and regularisation of the new task."""
+    state_dict = read_weights_file(path)
+    notes = []
+    if "conv_proj.weight" in state_dict:
+        arch = torchvision_architecture(state_dict)
+        arch.pop("image_size")
+        changed = {k: v for k, v in arch.items() if getattr(config, k) != v}
+        if changed:
+            notes.append(f"architecture from the pretrained weights: {changed}")
+            config = ViTConfig(**{**asdict(config), **arch})
+        state_dict = convert_torchvision_state_dict(state_dict)
+    model = ViT(config)
+    notes += load_reference_weights(model, state_dict)
+    return model, notes

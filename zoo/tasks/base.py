@@ -19,8 +19,9 @@ class ZooTask(L.LightningModule):
 
     net: torch.nn.Module
 
-    def __init__(self, optimizer: dict[str, Any] | None = None, scheduler: dict[str, Any] | None = None,
-                 compile: bool = False) -> None:
+    def __init__(
+        self, optimizer: dict[str, Any] | None = None, scheduler: dict[str, Any] | None = None, compile: bool = False
+    ) -> None:
         super().__init__()
         self.optimizer_config = dict(optimizer or {})
         self.scheduler_config = dict(scheduler or {})
@@ -42,7 +43,9 @@ class ZooTask(L.LightningModule):
         schedule.pop("warmup_ratio", None)
         min_lr = schedule.pop("min_lr", 0.0)
         if schedule:
-            raise ValueError(f"unknown scheduler options {sorted(schedule)}; valid: name, warmup_steps, warmup_ratio, min_lr")
+            raise ValueError(
+                f"unknown scheduler options {sorted(schedule)}; valid: name, warmup_steps, warmup_ratio, min_lr"
+            )
         base_lr = self.optimizer_config.get("lr", 1e-3)
         factor = lr_multiplier(name, total, warmup, min_lr / base_lr if base_lr else 0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 import torchmetrics
 
-from zoo.models.vit import ViT, ViTConfig
+from zoo.models.vit import ViT, ViTConfig, vit_from_pretrained
 from zoo.tasks.base import ZooTask
 
 
@@ -20,10 +20,19 @@ class ImageClassificationTask(ZooTask):
         scheduler: dict[str, Any] | None = None,
         label_smoothing: float = 0.0,
         compile: bool = False,
+        pretrained: str | None = None,
     ) -> None:
         super().__init__(optimizer, scheduler, compile)
         self.save_hyperparameters()
-        self.net = ViT(ViTConfig(**net))
+        if pretrained:
+            # torchvision weights or a zoo checkpoint; the checkpoint of this run then holds all weights.
+            self.net, notes = vit_from_pretrained(pretrained, ViTConfig(**net))
+            self.hparams.net = self.net.config_dict()  # the architecture actually built
+            self.hparams.pretrained = None
+            for note in notes:
+                print(f"pretrained: {note}")
+        else:
+            self.net = ViT(ViTConfig(**net))
         self.label_smoothing = label_smoothing
         num_classes = self.net.config.num_classes
         metric = lambda: torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)

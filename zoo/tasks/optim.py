@@ -27,18 +27,29 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [group for group in groups if group["params"]]
 
 
-def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-3, weight_decay: float = 0.0,
-                    betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module,
+    name: str = "adamw",
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> torch.optim.Optimizer:
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; valid choices: {list(OPTIMIZERS)}")
     cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
-    groups = param_groups(model, weight_decay) if name == "adamw" else [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    groups = (
+        param_groups(model, weight_decay)
+        if name == "adamw"
+        else [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    )
     kwargs = {"fused": True} if torch.cuda.is_available() and next(model.parameters()).is_cuda else {}
     return cls(groups, lr=lr, betas=tuple(betas), eps=eps, **kwargs)
 
 
-def lr_multiplier(name: str, total_steps: int, warmup_steps: int = 0, min_lr_ratio: float = 0.0,
-                  d_model: int | None = None) -> Callable[[int], float]:
+def lr_multiplier(
+    name: str, total_steps: int, warmup_steps: int = 0, min_lr_ratio: float = 0.0, d_model: int | None = None
+) -> Callable[[int], float]:
     """Step -> factor on the base lr.
 
     cosine: linear warmup, then cosine decay to min_lr_ratio at total_steps (nanoGPT's schedule).

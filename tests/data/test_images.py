@@ -1,0 +1,96 @@
+"""Image data modules: deterministic, disjoint, correctly sized splits; idx files; clear errors."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from zoo.data.errors import DataError
+from zoo.data.images import DigitsDataModule, FashionMNISTDataModule, ImageFolderDataModule
+
+
+def fingerprints(dataset) -> set[bytes]:
+    return {dataset.images[i].numpy().tobytes() + bytes([int(dataset.labels[i])]) for i in range(len(dataset))}
+
+
+def test_digits_splits_are_disjoint_sized_and_deterministic() -> None:
+    dm = DigitsDataModule(batch_size=32, val_fraction=0.1, test_fraction=0.2)
+    dm.setup()
+    sizes = len(dm.train_set), len(dm.val_set), len(dm.test_set)
+    assert sizes == (1293, 144, 360)
+    train, val, test = fingerprints(dm.train_set), fingerprints(dm.val_set), fingerprints(dm.test_set)
+    # digits has a few duplicate images; disjointness is about indices, so compare counts generously
+    assert len(train & test) <= 3 and len(train & val) <= 3
+    again = DigitsDataModule(batch_size=32)
+    again.setup()
+    assert torch.equal(again.test_set.images, dm.test_set.images)
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.shape == (32, 1, 8, 8) and images.dtype == torch.float32
+    assert set(labels.tolist()) <= set(range(10))
+
+
+def test_digits_split_is_stratified() -> None:
+    dm = DigitsDataModule()
+    dm.setup()
+    counts = torch.bincount(dm.test_set.labels, minlength=10)
+    assert counts.min() >= 35 and counts.max() <= 37
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    with gzip.open(path, "wb") as handle:
+        handle.write(header + array.astype(np.uint8).tobytes())
+
+
+def make_fake_mnist(folder: Path, n_train: int = 200, n_test: int = 50) -> None:
+    rng = np.random.default_rng(0)
+    write_idx(folder / "train-images-idx3-ubyte.gz", rng.integers(0, 255, (n_train, 28, 28)))
+    write_idx(folder / "train-labels-idx1-ubyte.gz", np.arange(n_train) % 10)
+    write_idx(folder / "t10k-images-idx3-ubyte.gz", rng.integers(0, 255, (n_test, 28, 28)))
+    write_idx(folder / "t10k-labels-idx1-ubyte.gz", np.arange(n_test) % 10)
+
+
+def test_fashion_mnist_reads_debian_style_idx_gz_files(tmp_path: Path) -> None:
+    make_fake_mnist(tmp_path)
+    dm = FashionMNISTDataModule(data_dir=str(tmp_path), download=False, batch_size=16, val_fraction=0.1)
+    dm.setup()
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (180, 20, 50)
+    images, _ = next(iter(dm.train_dataloader()))
+    assert images.shape == (16, 1, 28, 28)
+    assert len(dm.classes) == 10
+
+
+def test_missing_dataset_offline_is_one_line_error_with_advice(tmp_path: Path) -> None:
+    dm = FashionMNISTDataModule(data_dir=str(tmp_path / "nothing"), download=False)
+    with pytest.raises(DataError) as info:
+        dm.setup()
+    message = str(info.value)
+    assert "\n" not in message and "data.data_dir" in message and "dataset-fashion-mnist" in message
+
+
+def test_truncated_idx_file_is_reported(tmp_path: Path) -> None:
+    make_fake_mnist(tmp_path)
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    data = gzip.decompress(path.read_bytes())
+    path.write_bytes(gzip.compress(data[:1000]))
+    with pytest.raises(DataError, match="truncated"):
+        FashionMNISTDataModule(data_dir=str(tmp_path), download=False).setup()
+
+
+def test_image_folder_reads_class_folders(tmp_path: Path) -> None:
+    from torchvision.io import write_png
+
+    for label in ("cat", "dog"):
+        (tmp_path / label).mkdir()
+        for i in range(10):
+            write_png(torch.randint(0, 255, (3, 12, 12), dtype=torch.uint8), str(tmp_path / label / f"{i}.png"))
+    dm = ImageFolderDataModule(data_dir=str(tmp_path), image_size=8, num_classes=2, batch_size=4, val_fraction=0.25)
+    dm.setup()
+    assert dm.classes == ("cat", "dog")
+    assert len(dm.train_set) + len(dm.val_set) + len(dm.test_set) == 20
+    images, _ = next(iter(dm.train_dataloader()))
+    assert images.shape == (4, 3, 8, 8)

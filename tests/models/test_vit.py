@@ -1,0 +1,125 @@
+"""ViT: shapes for both poolings, RoPE, drop path, and exact parity with torchvision's ViT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+from zoo.models.vit import ViT, ViTConfig, resample_position_embedding, vit_from_pretrained
+
+
+def tiny(**overrides) -> ViT:
+    return ViT(ViTConfig(**{"image_size": 8, "patch_size": 2, "dim": 32, "depth": 2, "num_heads": 4, **overrides}))
+
+
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_vit_output_shapes_for_both_poolings(pool: str) -> None:
+    model = tiny(pool=pool, num_classes=7)
+    images = torch.randn(5, 1, 8, 8)
+    features = model.forward_features(images)
+    tokens = 16 + (1 if pool == "cls" else 0)
+    assert features.shape == (5, tokens, 32)
+    assert model(images).shape == (5, 7)
+    assert tiny(pool=pool, num_classes=0)(images).shape == (5, 32)
+
+
+def test_vit_with_rope_has_no_position_table_and_uses_2d_positions() -> None:
+    torch.manual_seed(0)
+    model = tiny(attention={"variant": "full", "rope": True}, num_classes=0).eval()
+    assert model.pos_embed is None
+    assert model.patch_positions.shape == (17, 2) and model.patch_positions[0].tolist() == [0, 0]
+    images = torch.randn(2, 1, 8, 8)
+    before = model(images)
+    # Scrambling which patch sits where changes the output: the positions really reach attention.
+    model.patch_positions = model.patch_positions[torch.randperm(17)]
+    assert (model(images) - before).abs().max() > 1e-3
+
+
+def test_vit_rejects_image_size_not_divisible_by_patch() -> None:
+    with pytest.raises(ValueError, match="image_size=30 and patch_size=4"):
+        ViTConfig(image_size=30, patch_size=4)
+
+
+def test_vit_rejects_unknown_pooling() -> None:
+    with pytest.raises(ValueError, match="valid choices"):
+        ViTConfig(pool="max")
+
+
+def test_drop_path_is_identity_in_eval_and_random_in_training() -> None:
+    torch.manual_seed(0)
+    model = tiny(drop_path=0.5)
+    images = torch.randn(8, 1, 8, 8)
+    model.eval()
+    assert torch.equal(model(images), model(images))
+    model.train()
+    assert not torch.allclose(model.forward_features(images), model.forward_features(images))
+
+
+def torchvision_vit(image_size: int = 32, num_classes: int = 7) -> torchvision.models.VisionTransformer:
+    torch.manual_seed(0)
+    reference = torchvision.models.VisionTransformer(
+        image_size=image_size,
+        patch_size=8,
+        num_layers=2,
+        num_heads=4,
+        hidden_dim=64,
+        mlp_dim=128,
+        num_classes=num_classes,
+    )
+    torch.nn.init.normal_(reference.heads.head.weight, std=0.5)  # torchvision starts it at zero
+    torch.nn.init.normal_(reference.encoder.pos_embedding, std=0.5)
+    return reference.eval()
+
+
+def test_from_torchvision_matches_logits() -> None:
+    reference = torchvision_vit()
+    model = ViT.from_torchvision(reference).eval()
+    images = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        expected = reference(images)
+        assert expected.abs().max() > 1.0  # a real signal, not zeros
+        torch.testing.assert_close(model(images), expected, atol=1e-4, rtol=0)
+
+
+def test_from_torchvision_at_another_image_size_resamples_positions() -> None:
+    reference = torchvision_vit()
+    model = ViT.from_torchvision(reference, image_size=48, num_classes=3)
+    assert model.pos_embed.shape == (1, 1 + 36, 64)
+    # The class token's position is kept as is.
+    torch.testing.assert_close(model.pos_embed[:, 0], reference.encoder.pos_embedding[:, 0])
+    assert model(torch.randn(2, 3, 48, 48)).shape == (2, 3)
+
+
+def test_resample_position_embedding_is_identity_at_same_grid_and_smooth_otherwise() -> None:
+    table = torch.randn(1, 1 + 16, 8)
+    assert resample_position_embedding(table, 4) is table
+    constant = torch.ones(1, 1 + 16, 8)
+    torch.testing.assert_close(resample_position_embedding(constant, 7), torch.ones(1, 1 + 49, 8))
+
+
+def test_pretrained_file_fine_tunes_at_new_size_and_keeps_attention_choice(tmp_path: Path) -> None:
+    reference = torchvision_vit()
+    path = tmp_path / "vit.pth"
+    torch.save(reference.state_dict(), path)
+    config = ViTConfig(image_size=16, in_channels=3, num_classes=10, attention={"variant": "full", "rope": True})
+    model, notes = vit_from_pretrained(str(path), config)
+    assert model.config.dim == 64 and model.config.depth == 2 and model.config.patch_size == 8
+    assert model.pos_embed is None and any("RoPE" in note for note in notes)
+    assert any("head" in note for note in notes)
+    torch.testing.assert_close(model.blocks[1].mlp.fc2.weight, reference.encoder.layers[1].mlp[3].weight)
+    assert model(torch.randn(2, 3, 16, 16)).shape == (2, 10)
+
+
+def test_pretrained_mismatch_names_missing_and_unexpected_keys(tmp_path: Path) -> None:
+    state_dict = tiny().state_dict()
+    state_dict["blocks.5.extra.weight"] = torch.zeros(1)
+    del state_dict["norm.weight"]
+    path = tmp_path / "broken.pt"
+    torch.save(state_dict, path)
+    with pytest.raises(
+        ValueError, match=r"missing keys \['norm.weight'\], unexpected keys \['blocks.5.extra.weight'\]"
+    ):
+        vit_from_pretrained(str(path), ViTConfig(image_size=8, patch_size=2, dim=32, depth=2, num_heads=4))
