@@ -30,14 +30,19 @@ def train_bpe_tokenizer(
 ) -> Tokenizer:
     """Byte-level BPE (GPT-2 style, Radford et al. 2019): never an unknown character."""
     if vocab_size <= 256 + len(special_tokens):
-        raise ValueError(f"data.vocab_size must exceed {256 + len(special_tokens)} for byte-level BPE, got {vocab_size}")
+        raise ValueError(
+            f"data.vocab_size must exceed {256 + len(special_tokens)} for byte-level BPE, got {vocab_size}"
+        )
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(special_tokens),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer)
     return tokenizer
