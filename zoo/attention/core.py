@@ -24,7 +24,7 @@ class AttentionConfig:
     """The knobs of conf/attention/*.yaml, shared by every model."""
 
     variant: str = "full"
-    window: int | None = None  # local: keys per query
+    window: int | None = None  # local: keys per query (causal: previous `window` incl. itself)
     rope: bool = False  # rotary positions on queries/keys (self-attention only)
     rope_base: float = 10000.0
     dropout: float = 0.0  # attention-probability dropout in training
@@ -32,6 +32,8 @@ class AttentionConfig:
 
     def __post_init__(self) -> None:
         get_variant(self.variant, self.window, self.chunk_size)  # validate early, one-line error
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"attention.dropout must be in [0, 1), got {self.dropout!r}")
 
 
 class MultiHeadAttention(nn.Module):
@@ -60,7 +62,13 @@ class MultiHeadAttention(nn.Module):
         if not isinstance(num_heads, int) or num_heads <= 0:
             raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
         if dim % num_heads != 0:
-            raise ValueError(f"dim must be divisible by num_heads, got dim={dim} and num_heads={num_heads}")
+            divisors = [h for h in range(1, dim + 1) if dim % h == 0]
+            raise ValueError(
+                f"dim must be divisible by num_heads, got dim={dim} and num_heads={num_heads}; "
+                f"valid num_heads: {divisors}"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"attention.dropout must be in [0, 1), got {dropout!r}")
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -90,7 +98,8 @@ class MultiHeadAttention(nn.Module):
         return self.kernel.name
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, heads={self.num_heads}, variant={self.variant}, causal={self.causal}, rope={self.rotary is not None}"
+        rope = self.rotary is not None
+        return f"dim={self.dim}, heads={self.num_heads}, variant={self.variant}, causal={self.causal}, rope={rope}"
 
     def new_cache(self, cross_attention: bool = False) -> Any:
         """A fresh decoding state: the kernel's own for self-attention, a static one for cross-attention."""
@@ -119,26 +128,33 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         if context is None:
             q, k, v = self._heads_qkv(x)
-            if self.rotary is not None:
-                if positions is None:
-                    start = cache.offset if cache is not None else 0
-                    positions = torch.arange(start, start + length, device=x.device)
-                q, k = self.rotary.rotate(q, positions), self.rotary.rotate(k, positions)
+            if self.rotary is not None:  # default positions continue after the cached tokens
+                offset = cache.offset if cache is not None else 0
+                q, k = self.rotary.rotate_queries_keys(q, k, positions, offset)
             if cache is not None:
                 out, weights = self.kernel.decode(
                     q, k, v, cache, key_padding_mask=key_padding_mask, need_weights=need_weights
                 )
             else:
                 out, weights = self.kernel(
-                    q, k, v, causal=self.causal, key_padding_mask=key_padding_mask,
-                    dropout_p=dropout_p, need_weights=need_weights,
+                    q,
+                    k,
+                    v,
+                    causal=self.causal,
+                    key_padding_mask=key_padding_mask,
+                    dropout_p=dropout_p,
+                    need_weights=need_weights,
                 )
         else:
             if not self.kernel.supports_cross_attention:
                 valid = sorted(name for name, kernel in VARIANTS.items() if kernel.supports_cross_attention)
-                raise ValueError(f"cross-attention is not supported by variant {self.variant!r}; valid choices: {valid}")
+                raise ValueError(
+                    f"cross-attention is not supported by variant {self.variant!r}; valid choices: {valid}"
+                )
             w_q, w_kv = self.in_proj.weight.split([self.dim, 2 * self.dim])
-            b_q, b_kv = self.in_proj.bias.split([self.dim, 2 * self.dim]) if self.in_proj.bias is not None else (None, None)
+            b_q, b_kv = (
+                self.in_proj.bias.split([self.dim, 2 * self.dim]) if self.in_proj.bias is not None else (None, None)
+            )
             q = self._heads(F.linear(x, w_q, b_q))
             if cache is not None and cache.keys is not None:
                 k, v = cache.keys, cache.values
@@ -147,8 +163,13 @@ class MultiHeadAttention(nn.Module):
                 if cache is not None:
                     cache.keys, cache.values = k, v
             out, weights = self.kernel(
-                q, k, v, causal=False, key_padding_mask=key_padding_mask,
-                dropout_p=dropout_p, need_weights=need_weights,
+                q,
+                k,
+                v,
+                causal=False,
+                key_padding_mask=key_padding_mask,
+                dropout_p=dropout_p,
+                need_weights=need_weights,
             )
         out = self.out_proj(out.transpose(1, 2).reshape(batch, length, self.dim))
         return (out, weights) if need_weights else out

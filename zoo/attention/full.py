@@ -7,7 +7,16 @@ import math
 import torch
 import torch.nn.functional as F
 
-from zoo.attention.cache import KVCache
+from zoo.attention.cache import KVCache, new_tokens_padding
+
+
+def check_positive_int(name: str, value: object, allow_none: bool = True) -> None:
+    """One-line ValueError unless value is a positive int (or None when allowed)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        choices = "a positive int or None" if allow_none else "a positive int"
+        raise ValueError(f"attention.{name} must be {choices}, got {value!r}")
 
 
 def padding_to_additive_mask(key_padding_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -15,6 +24,11 @@ def padding_to_additive_mask(key_padding_mask: torch.Tensor, dtype: torch.dtype)
     mask = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
     mask = mask.masked_fill(key_padding_mask, float("-inf"))
     return mask[:, None, None, :]
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool (True = may attend) -> float 0 / -inf, the form the fused CPU kernel takes without a copy."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device, offset: int | None = None) -> torch.Tensor:
@@ -48,14 +62,74 @@ def softmax_attention(
     return probs @ v, probs
 
 
+def masked_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor | None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Softmax attention under a bool mask `allowed` (True = may attend, broadcastable to (B, H, T, S)).
+
+    Query rows with no allowed key (e.g. padded queries under a causal mask) output zeros; they are
+    unmasked before the softmax and zeroed after it, so neither outputs nor gradients become NaN.
+    """
+    empty = None
+    if allowed is not None:
+        empty = ~allowed.any(dim=-1, keepdim=True)  # (..., T, 1)
+        if bool(empty.any()):
+            allowed = allowed | empty
+        else:
+            empty = None
+    if need_weights:
+        out, probs = softmax_attention(q, k, v, allowed, dropout_p)
+    else:
+        mask = None if allowed is None else additive_mask(allowed, q.dtype)
+        out, probs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+    if empty is not None:
+        out = out.masked_fill(empty, 0.0)
+        probs = None if probs is None else probs.masked_fill(empty, 0.0)
+    return out, probs
+
+
+def dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax(q k^T / sqrt(d)) v over all keys. Causal with fewer queries than keys: the queries are the
+    last positions (decoding). Without a padding mask or weights this is one fused SDPA call."""
+    q_len, k_len = q.shape[2], k.shape[2]
+    if causal and q_len == 1:
+        causal = False  # a single newest query sees every key
+    if key_padding_mask is None and not need_weights and not (causal and q_len != k_len):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p), None
+    allowed = None
+    if key_padding_mask is not None:
+        allowed = ~key_padding_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+    if causal:
+        band = causal_mask(q_len, k_len, q.device)
+        allowed = band if allowed is None else allowed & band
+    return masked_attention(q, k, v, allowed, dropout_p, need_weights)
+
+
 class FullAttention:
-    """softmax(q k^T / sqrt(d)) v over all keys: O(n^2) time, fused kernels keep memory O(n)."""
+    """softmax(q k^T / sqrt(d)) v over all keys: O(n^2) time, fused kernels keep memory O(n).
+
+    `window` and `chunk_size` are ignored (full attention sees every key in one fused call).
+    """
 
     name = "full"
     supports_cross_attention = True
 
     def __init__(self, window: int | None = None, chunk_size: int | None = None) -> None:
-        del window, chunk_size  # full attention sees every key
+        del window, chunk_size
 
     def __call__(
         self,
@@ -69,25 +143,9 @@ class FullAttention:
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q (B, H, T, D), k/v (B, H, S, D) -> (B, H, T, D) and, if asked, probabilities (B, H, T, S)."""
-        mask = None
-        if key_padding_mask is not None:
-            mask = padding_to_additive_mask(key_padding_mask, q.dtype)
-            if causal:
-                allowed = causal_mask(q.shape[2], k.shape[2], q.device)
-                mask = mask.masked_fill(~allowed, float("-inf"))
-        if need_weights:
-            if causal and mask is None:
-                mask = causal_mask(q.shape[2], k.shape[2], q.device)
-            return softmax_attention(q, k, v, mask, dropout_p)
-        if mask is not None:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-            if key_padding_mask.all(dim=-1).any():  # rows with no key at all: zeros, not NaN
-                out = out.nan_to_num(0.0)
-            return out, None
-        if causal and q.shape[2] != k.shape[2]:
-            bool_mask = causal_mask(q.shape[2], k.shape[2], q.device)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask, dropout_p=dropout_p), None
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p), None
+        return dot_product_attention(
+            q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p, need_weights=need_weights
+        )
 
     def new_cache(self) -> KVCache:
         return KVCache()
@@ -102,7 +160,12 @@ class FullAttention:
         key_padding_mask: torch.Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """New queries/keys/values (B, H, t, D) attend causally to the cache plus themselves."""
-        keys, values = cache.append(k, v)
-        causal = q.shape[2] > 1
-        return self(q, keys, values, causal=causal, key_padding_mask=key_padding_mask, need_weights=need_weights)
+        """New queries/keys/values (B, H, t, D) attend causally to the cache plus themselves.
+
+        key_padding_mask: (B, t) for the new tokens or (B, offset + t); the cache keeps past padding.
+        Weights, if asked, cover all keys so far: (B, H, t, offset + t).
+        """
+        keys, values = cache.append(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
+        return dot_product_attention(
+            q, keys, values, causal=True, key_padding_mask=cache.key_padding_mask(), need_weights=need_weights
+        )

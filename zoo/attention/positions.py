@@ -15,11 +15,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding (Su et al. 2021), rotate-half convention, cached cos/sin.
+    """Rotary position embedding (Su et al. 2021), rotate-half convention (GPT-NeoX / LLaMA).
 
     Positions are integer tensors of shape (T,) for sequences or (T, n_axes) for axial N-D grids
     (image patches: n_axes=2). With n axes the head dimension is split into n equal parts and each
     part is rotated by its own coordinate, as in axial 2D RoPE for ViTs (Heo et al. 2024).
+
+    Angles are always computed in float32 (the frequencies are not a buffer, so `model.half()` cannot
+    round them). Consecutive positions start..start+T-1 (the default, and decoding from a cache
+    offset) come from a cached cos/sin table; explicit positions are computed directly.
     """
 
     def __init__(self, head_dim: int, base: float = 10000.0, n_axes: int = 1) -> None:
@@ -32,46 +36,72 @@ class RotaryEmbedding(nn.Module):
         self.base = base
         self.n_axes = n_axes
         axis_dim = head_dim // n_axes
-        inv_freq = 1.0 / (base ** (torch.arange(0, axis_dim, 2, dtype=torch.float32) / axis_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.inv_freq = 1.0 / (base ** (torch.arange(0, axis_dim, 2, dtype=torch.int64).float() / axis_dim))
+        self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of shape (T, head_dim) for the given positions."""
-        key = None
-        if positions.ndim == 1 and not torch.compiler.is_compiling():
-            # Contiguous ranges (the common case) are cached by (start, length, device, dtype).
-            start, length = int(positions[0]) if len(positions) else 0, len(positions)
-            key = (start, length, positions.device, dtype)
-            if key in self._cache:
-                return self._cache[key]
-        pos = positions.to(self.inv_freq.dtype)
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, base={self.base}, n_axes={self.n_axes}"
+
+    def _angles(self, positions: torch.Tensor) -> torch.Tensor:
+        """(T,) or (T, n_axes) positions -> (T, head_dim) angles, each axis laid out (freqs, freqs)."""
+        pos = positions.to(torch.float32)
         if pos.ndim == 1:
             pos = pos[:, None]
-        if pos.shape[-1] != self.n_axes:
-            raise ValueError(f"rotary embedding has {self.n_axes} axes, got positions of shape {tuple(positions.shape)}")
-        # One angle table per axis, each laid out rotate-half style: (freqs, freqs).
-        parts = []
-        for axis in range(self.n_axes):
-            freqs = pos[:, axis, None] * self.inv_freq  # (T, axis_dim/2)
-            parts.append(torch.cat((freqs, freqs), dim=-1))
-        angles = torch.cat(parts, dim=-1)  # (T, head_dim)
-        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-        if key is not None and torch.equal(positions, torch.arange(key[0], key[0] + key[1], device=positions.device)):
-            if len(self._cache) > 64:
-                self._cache.clear()
-            self._cache[key] = (cos, sin)
-        return cos, sin
+        if pos.ndim != 2 or pos.shape[-1] != self.n_axes:
+            raise ValueError(
+                f"rotary embedding has {self.n_axes} axes: positions must have shape (T, {self.n_axes})"
+                f"{' or (T,)' if self.n_axes == 1 else ''}, got {tuple(positions.shape)}"
+            )
+        freqs = pos[:, :, None] * self.inv_freq.to(pos.device)  # (T, n_axes, axis_dim / 2)
+        return torch.cat((freqs, freqs), dim=-1).flatten(1)
 
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate x of shape (B, H, T, head_dim) by its positions (T,) or (T, n_axes)."""
-        cos, sin = self.cos_sin(positions, x.dtype)
+    def _range_cos_sin(self, start: int, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin (length, head_dim) of positions start..start+length-1, from a table grown by doubling."""
+        if self.n_axes != 1:
+            raise ValueError(f"rotary embedding with {self.n_axes} axes needs positions of shape (T, {self.n_axes})")
+        table = self._tables.get(device)
+        if table is None or table[0].shape[0] < start + length:
+            size = max(2 * table[0].shape[0] if table is not None else 0, start + length, 256)
+            angles = self._angles(torch.arange(size, device=device))
+            table = self._tables[device] = (angles.cos(), angles.sin())
+        return table[0][start : start + length], table[1][start : start + length]
+
+    def cos_sin(
+        self,
+        positions: torch.Tensor | None,
+        dtype: torch.dtype = torch.float32,
+        length: int | None = None,
+        offset: int = 0,
+        device: torch.device | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (T, head_dim) for `positions`, or for offset..offset+length-1 when positions is None."""
+        if positions is None:
+            if length is None:
+                raise ValueError("rotary embedding needs positions or a length")
+            cos, sin = self._range_cos_sin(offset, length, torch.device(device or "cpu"))
+        else:
+            angles = self._angles(positions)
+            cos, sin = angles.cos(), angles.sin()
+        return cos.to(dtype), sin.to(dtype)
+
+    def _apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.n_axes == 1:
             return x * cos + rotate_half(x) * sin
         # Axial: rotate-half inside each axis' slice of the head dimension.
-        chunks = x.chunk(self.n_axes, dim=-1)
-        rotated = torch.cat([rotate_half(c) for c in chunks], dim=-1)
+        rotated = torch.cat([rotate_half(part) for part in x.chunk(self.n_axes, dim=-1)], dim=-1)
         return x * cos + rotated * sin
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
+        """Rotate x (B, H, T, head_dim) by positions (T,) or (T, n_axes); default offset..offset+T-1."""
+        cos, sin = self.cos_sin(positions, x.dtype, x.shape[-2], offset, x.device)
+        return self._apply(x, cos, sin)
+
+    def rotate_queries_keys(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor | None = None, offset: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate queries and keys of the same tokens with one cos/sin computation."""
+        cos, sin = self.cos_sin(positions, q.dtype, q.shape[-2], offset, q.device)
+        return self._apply(q, cos, sin), self._apply(k, cos, sin)
 
 
 def sinusoidal_positions(length: int, dim: int, base: float = 10000.0) -> torch.Tensor:

@@ -1,0 +1,78 @@
+"""Incremental decoding with each variant's cache equals running the whole sequence at once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zoo.attention import MultiHeadAttention
+
+from .helpers import random_padding
+
+VARIANTS = [("full", None), ("local", 4), ("local", 64), ("linear", None)]
+
+
+def build(variant: str, window: int | None, rope: bool) -> MultiHeadAttention:
+    torch.manual_seed(0)
+    return MultiHeadAttention(32, 4, variant=variant, window=window, causal=True, rope=rope, chunk_size=4).eval()
+
+
+def decode(module: MultiHeadAttention, x: torch.Tensor, pieces: list[int], padding: torch.Tensor | None = None):
+    cache = module.new_cache()
+    outputs, start = [], 0
+    for size in pieces:
+        # The mask may cover all keys so far (B, offset + t) or only the new ones; alternate to test both.
+        end = start + size
+        mask = None if padding is None else (padding[:, :end] if len(outputs) % 2 else padding[:, start:end])
+        outputs.append(module(x[:, start:end], key_padding_mask=mask, cache=cache))
+        start = end
+    assert cache.offset == x.shape[1]
+    return torch.cat(outputs, dim=1), cache
+
+
+@pytest.mark.parametrize(("variant", "window"), VARIANTS)
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("pieces", [[1] * 13, [5] + [1] * 8, [6, 3, 1, 1, 2]])
+def test_cached_decoding_equals_full_forward(variant: str, window: int | None, rope: bool, pieces: list[int]) -> None:
+    module = build(variant, window, rope)
+    x = torch.randn(2, 13, 32, generator=torch.Generator().manual_seed(1))
+    expected = module(x)
+    got, _ = decode(module, x, pieces)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("variant", "window"), VARIANTS)
+def test_cached_decoding_with_left_padding_equals_full_forward(variant: str, window: int | None) -> None:
+    module = build(variant, window, rope=True)
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 12, 32, generator=generator)
+    padding = random_padding(3, 12, generator, left=True)
+    expected = module(x, key_padding_mask=padding)
+    got, _ = decode(module, x, [4, 1, 1, 3, 1, 1, 1], padding)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("variant", "window"), VARIANTS)
+def test_cache_reorder_follows_beam_search(variant: str, window: int | None) -> None:
+    module = build(variant, window, rope=True)
+    x = torch.randn(2, 10, 32, generator=torch.Generator().manual_seed(3))
+    padding = torch.zeros(2, 10, dtype=torch.bool)
+    padding[1, :3] = True  # the cache must carry each row's padding along with its keys
+    indices = torch.tensor([1, 0, 1])
+    _, cache = decode(module, x[:, :6], [6], padding[:, :6])
+    cache.reorder(indices)
+    continued = torch.cat([module(x[indices, i : i + 1], cache=cache) for i in range(6, 10)], dim=1)
+    expected = module(x[indices], key_padding_mask=padding[indices])[:, 6:]
+    torch.testing.assert_close(continued, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_local_cache_keeps_only_the_window() -> None:
+    module = build("local", 4, rope=False)
+    _, cache = decode(module, torch.randn(1, 20, 32), [7] + [1] * 13)
+    assert cache.keys.shape[2] == 3 and cache.values.shape[2] == 3  # window - 1 past keys
+
+
+def test_linear_state_has_constant_size() -> None:
+    module = build("linear", None, rope=False)
+    _, cache = decode(module, torch.randn(1, 20, 32), [1] * 20)
+    assert cache.state.shape == (1, 4, 8, 9)  # [S | z]: head_dim x (head_dim + 1)

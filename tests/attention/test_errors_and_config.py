@@ -1,0 +1,84 @@
+"""Bad arguments fail early with one line naming the value and the choices; conf/attention/ builds."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import torch
+
+from zoo.attention import AttentionConfig, MultiHeadAttention
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def one_line_error(build, *fragments: str) -> None:
+    with pytest.raises(ValueError) as info:
+        build()
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_unknown_variant_names_the_choices() -> None:
+    one_line_error(lambda: MultiHeadAttention(32, 4, variant="sparse"), "'sparse'", "['full', 'linear', 'local']")
+    one_line_error(lambda: AttentionConfig(variant="Full"), "'Full'", "['full', 'linear', 'local']")
+
+
+@pytest.mark.parametrize("window", [0, -4, None, 2.5, True])
+def test_local_window_must_be_positive(window) -> None:
+    one_line_error(lambda: MultiHeadAttention(32, 4, variant="local", window=window), repr(window), "positive int")
+    one_line_error(lambda: AttentionConfig(variant="local", window=window), repr(window), "positive int")
+
+
+def test_dim_not_divisible_by_heads_names_valid_head_counts() -> None:
+    one_line_error(lambda: MultiHeadAttention(30, 4), "dim=30", "num_heads=4", "[1, 2, 3, 5, 6, 10, 15, 30]")
+
+
+def test_bad_chunk_size_and_dropout() -> None:
+    one_line_error(lambda: AttentionConfig(variant="linear", chunk_size=0), "chunk_size", "0")
+    one_line_error(lambda: AttentionConfig(dropout=1.5), "dropout", "1.5")
+
+
+def test_local_cross_attention_names_the_variants_that_support_it() -> None:
+    module = MultiHeadAttention(16, 2, variant="local", window=4)
+    one_line_error(lambda: module(torch.randn(1, 3, 16), torch.randn(1, 5, 16)), "'local'", "['full', 'linear']")
+
+
+def test_attention_dropout_is_active_in_training_and_unbiased() -> None:
+    for variant in ("full", "local", "linear"):
+        torch.manual_seed(0)
+        module = MultiHeadAttention(16, 2, variant=variant, window=4, causal=True, dropout=0.5)
+        x = torch.randn(1, 12, 16)
+        expected = module.eval()(x)
+        module.train()
+        samples = torch.stack([module(x) for _ in range(600)])
+        assert not torch.allclose(samples[0], samples[1])
+        assert not torch.allclose(samples[0], expected)
+        # E[dropout(p) / (1 - p)] = p: the mean over many draws approaches the eval output.
+        error = (samples.mean(0) - expected).abs().mean() / expected.abs().mean()
+        assert error < 0.1, (variant, float(error))
+
+
+def hydra_compose(overrides: list[str]):
+    pytest.importorskip("hydra")
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF / "attention"), version_base="1.3"):
+        return compose(config_name=overrides[0], overrides=overrides[1:])
+
+
+@pytest.mark.parametrize("option", ["full", "local", "linear", "rope"])
+def test_attention_configs_build_every_variant(option: str) -> None:
+    cfg = hydra_compose([option, "rope=true"] if option == "local" else [option])
+    assert set(cfg) == {f.name for f in fields(AttentionConfig)}
+    config = AttentionConfig(**cfg)
+    module = MultiHeadAttention.from_config(32, 4, config, causal=True)
+    assert module.variant == cfg.variant
+    assert (module.rotary is not None) == (option in ("rope", "local"))
+    # Short sequences (shorter than local's window) still work.
+    assert module(torch.randn(2, 7, 32)).shape == (2, 7, 32)

@@ -1,0 +1,88 @@
+"""Linear attention (Katharopoulos et al. 2020) equals its quadratic formula; chunked == recurrent."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from zoo.attention import LinearAttention, MultiHeadAttention
+from zoo.attention.linear import causal_linear_attention, elu_feature_map
+
+from .helpers import random_padding, reference_linear_attention
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize(("length", "chunk"), [(37, 8), (64, 16), (5, 64), (33, 1)])
+def test_linear_attention_matches_quadratic_reference(causal: bool, padded: bool, length: int, chunk: int) -> None:
+    generator = torch.Generator().manual_seed(length + chunk)
+    q, k, v = (torch.randn(2, 3, length, 8, generator=generator, requires_grad=True) for _ in range(3))
+    padding = random_padding(2, length, generator) if padded else None
+    kernel = LinearAttention(chunk_size=chunk)
+    out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding)
+    expected = reference_linear_attention(q, k, v, causal, padding)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    grad = torch.randn(out.shape, generator=generator)
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # need_weights: the explicit normalised weights give the same output and sum to one over real keys.
+    out_w, weights = kernel(q, k, v, causal=causal, key_padding_mask=padding, need_weights=True)
+    torch.testing.assert_close(out_w, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, length), atol=1e-5, rtol=1e-5)
+    if padding is not None:
+        assert weights.masked_select(padding[:, None, None, :]).abs().max() == 0
+
+
+def test_chunked_causal_linear_attention_equals_recurrence_step_by_step() -> None:
+    torch.manual_seed(0)
+    phi_q, phi_k = elu_feature_map(torch.randn(2, 2, 30, 8)), elu_feature_map(torch.randn(2, 2, 30, 8))
+    values = torch.randn(2, 2, 30, 5)
+    chunked, final = causal_linear_attention(phi_q, phi_k, values, chunk_size=7)
+    state = torch.zeros(2, 2, 8, 5)  # S_i = S_{i-1} + phi(k_i) v_i^T (eq. 18)
+    steps = []
+    for i in range(30):
+        state = state + phi_k[:, :, i, :, None] * values[:, :, i, None, :]
+        steps.append(torch.einsum("bhd,bhde->bhe", phi_q[:, :, i], state))
+    torch.testing.assert_close(chunked, torch.stack(steps, dim=2), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(final, state, atol=1e-5, rtol=1e-5)
+
+
+def test_linear_cross_attention_matches_reference() -> None:
+    torch.manual_seed(1)
+    module = MultiHeadAttention(16, 2, variant="linear")
+    x, context = torch.randn(2, 5, 16), torch.randn(2, 9, 16)
+    padding = random_padding(2, 9, torch.Generator().manual_seed(0))
+    w_q, w_k, w_v = module.in_proj.weight.chunk(3)
+    b_q, b_k, b_v = module.in_proj.bias.chunk(3)
+
+    def heads(t: torch.Tensor) -> torch.Tensor:
+        return t.view(2, -1, 2, 8).transpose(1, 2)
+
+    q, k, v = heads(x @ w_q.T + b_q), heads(context @ w_k.T + b_k), heads(context @ w_v.T + b_v)
+    attended = reference_linear_attention(q, k, v, causal=False, key_padding_mask=padding)
+    expected = module.out_proj(attended.transpose(1, 2).reshape(2, 5, 16))
+    torch.testing.assert_close(module(x, context, key_padding_mask=padding), expected, atol=1e-5, rtol=1e-5)
+    cache = module.new_cache(cross_attention=True)
+    steps = [module(x[:, i : i + 1], context, key_padding_mask=padding, cache=cache) for i in range(5)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_linear_attention_is_not_quadratic_in_memory() -> None:
+    from .test_local_attention import LargestTensor
+
+    length = 2048
+    q, k, v = (torch.randn(1, 1, length, 8, requires_grad=True) for _ in range(3))
+    for causal in (False, True):
+        with LargestTensor() as spy:
+            out, _ = LinearAttention()(q, k, v, causal=causal)
+            out.sum().backward()
+        assert spy.largest <= length * 64, spy.largest  # chunks of 64 x 64, never n x n
+
+
+def test_linear_module_trains_a_step() -> None:
+    torch.manual_seed(2)
+    module = nn.Sequential(MultiHeadAttention(16, 2, variant="linear", causal=True))
+    x = torch.randn(2, 20, 16)
+    module(x).pow(2).mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in module.parameters())

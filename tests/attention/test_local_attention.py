@@ -1,0 +1,102 @@
+"""Sliding-window attention is exactly full attention under the banded mask, computed blockwise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from zoo.attention import MultiHeadAttention, sliding_window_attention
+from zoo.attention import local as local_module
+
+from .helpers import banded_mask, random_padding, reference_softmax_attention
+
+CASES = [  # (batch, length, window, block): n a multiple of the block or not, window > n, tiny windows
+    (2, 50, 8, 16),
+    (2, 64, 17, 32),
+    (1, 37, 64, 32),
+    (3, 45, 1, 8),
+    (2, 23, 4, 32),
+    (2, 70, 5, 64),
+]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize(("batch", "length", "window", "block"), CASES)
+def test_local_attention_matches_masked_full_attention(
+    causal: bool, padded: bool, batch: int, length: int, window: int, block: int
+) -> None:
+    generator = torch.Generator().manual_seed(length * window)
+    q, k, v = (torch.randn(batch, 2, length, 8, generator=generator, requires_grad=True) for _ in range(3))
+    padding = random_padding(batch, length, generator, left=True) if padded else None
+    allowed = banded_mask(length, window, causal)[None, None]
+    if padding is not None:
+        allowed = allowed & ~padding[:, None, None, :]
+
+    out, _ = sliding_window_attention(q, k, v, window, causal=causal, key_padding_mask=padding, block_size=block)
+    expected = reference_softmax_attention(q, k, v, allowed)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+    grad = torch.randn(out.shape, generator=generator)
+    grads = torch.autograd.grad(out, (q, k, v), grad)
+    expected_grads = torch.autograd.grad(expected, (q, k, v), grad)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_local_module_weights_are_the_banded_probabilities() -> None:
+    torch.manual_seed(0)
+    module = MultiHeadAttention(16, 2, variant="local", window=3, causal=True)
+    x = torch.randn(1, 10, 16)
+    out, weights = module(x, need_weights=True)
+    assert torch.equal(weights[0, 0] > 0, banded_mask(10, 3, causal=True))
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, 10))
+    torch.testing.assert_close(module(x), out, atol=1e-5, rtol=1e-5)
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any aten op produces (forward and backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for item in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(item, torch.Tensor):
+                self.largest = max(self.largest, item.numel())
+        return result
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_local_attention_never_materialises_n_by_n(causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    length, window = 2048, 64
+    calls = []
+    blockwise = local_module._blockwise_sliding_window
+    monkeypatch.setattr(
+        local_module, "_blockwise_sliding_window", lambda *args: calls.append(args[0].shape) or blockwise(*args)
+    )
+    q, k, v = (torch.randn(1, 1, length, 8, requires_grad=True) for _ in range(3))
+    padding = torch.zeros(1, length, dtype=torch.bool)
+    padding[0, :5] = True
+    with LargestTensor() as spy:
+        out, _ = sliding_window_attention(q, k, v, window, causal=causal, key_padding_mask=padding)
+        out.sum().backward()
+    assert calls, "the blockwise kernel was not used"
+    # Blocks of 32 queries x (32 + 64) keys: O(n * w) elements, far from the n^2 = 4.2M of full attention.
+    assert spy.largest <= length * (32 + window + 1), spy.largest
+    # The spy does see an n x n score matrix when one is made.
+    with LargestTensor() as spy:
+        reference_softmax_attention(q, k, v)
+    assert spy.largest >= length * length
+
+
+def test_local_attention_longer_than_window_uses_blocks_and_matches_reference() -> None:
+    torch.manual_seed(1)
+    module = MultiHeadAttention(16, 2, variant="local", window=16, causal=True, chunk_size=8)
+    x = torch.randn(2, 100, 16)
+    out, weights = module(x, need_weights=True)  # explicit dense path
+    torch.testing.assert_close(module(x), out, atol=1e-5, rtol=1e-5)
+    assert weights.shape == (2, 2, 100, 100)
