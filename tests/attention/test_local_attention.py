@@ -85,8 +85,8 @@ def test_local_attention_never_materialises_n_by_n(causal: bool, monkeypatch: py
         out, _ = sliding_window_attention(q, k, v, window, causal=causal, key_padding_mask=padding)
         out.sum().backward()
     assert calls, "the blockwise kernel was not used"
-    # Blocks of 32 queries x (32 + 64) keys: O(n * w) elements, far from the n^2 = 4.2M of full attention.
-    assert spy.largest <= length * (32 + window + 1), spy.largest
+    # Blocks of C queries x (C + w) keys: O(n * (C + w)) elements, far from the n^2 = 4.2M of full attention.
+    assert spy.largest <= length * (local_module.DEFAULT_BLOCK_SIZE + window + 1), spy.largest
     # The spy does see an n x n score matrix when one is made.
     with LargestTensor() as spy:
         reference_softmax_attention(q, k, v)

@@ -77,3 +77,13 @@ def test_rope_module_is_translation_invariant_for_every_variant(variant: str) ->
         assert not torch.allclose(shifted, module(x), atol=1e-4)
     else:
         torch.testing.assert_close(shifted, module(x), atol=1e-4, rtol=1e-4)
+
+
+def test_rope_module_moves_and_casts_without_losing_frequency_precision() -> None:
+    torch.manual_seed(0)
+    module = MultiHeadAttention(32, 2, rope=True, causal=True)
+    x = torch.randn(1, 6, 32)
+    expected = module(x)
+    module = module.to(torch.float64).to("cpu")  # nn.Module.to must reach the rotary submodule
+    assert module.rotary.inv_freq.dtype == torch.float32  # frequencies stay fp32 whatever the model dtype
+    torch.testing.assert_close(module(x.double()).float(), expected, atol=1e-5, rtol=1e-5)

@@ -84,7 +84,7 @@ class RotaryEmbedding(nn.Module):
             cos, sin = angles.cos(), angles.sin()
         return cos.to(dtype), sin.to(dtype)
 
-    def _apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _rotate_with(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.n_axes == 1:
             return x * cos + rotate_half(x) * sin
         # Axial: rotate-half inside each axis' slice of the head dimension.
@@ -94,14 +94,14 @@ class RotaryEmbedding(nn.Module):
     def rotate(self, x: torch.Tensor, positions: torch.Tensor | None = None, offset: int = 0) -> torch.Tensor:
         """Rotate x (B, H, T, head_dim) by positions (T,) or (T, n_axes); default offset..offset+T-1."""
         cos, sin = self.cos_sin(positions, x.dtype, x.shape[-2], offset, x.device)
-        return self._apply(x, cos, sin)
+        return self._rotate_with(x, cos, sin)
 
     def rotate_queries_keys(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor | None = None, offset: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate queries and keys of the same tokens with one cos/sin computation."""
         cos, sin = self.cos_sin(positions, q.dtype, q.shape[-2], offset, q.device)
-        return self._apply(q, cos, sin), self._apply(k, cos, sin)
+        return self._rotate_with(q, cos, sin), self._rotate_with(k, cos, sin)
 
 
 def sinusoidal_positions(length: int, dim: int, base: float = 10000.0) -> torch.Tensor:

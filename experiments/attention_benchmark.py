@@ -1,0 +1,336 @@
+"""Speed and memory of zoo's attention variants against bare scaled_dot_product_attention.
+
+    python experiments/attention_benchmark.py [--quick]
+
+Causal self-attention, B=1, H=4, head dim 64 (model dim 256), fp32, sequence lengths 256..32768
+(--quick: up to 8192), on the CPU and, when present, CUDA. Rows:
+
+    sdpa       F.scaled_dot_product_attention(q, k, v, is_causal=True) on ready (B, H, T, D) tensors
+    sdpa+proj  the least a module can cost: in_proj -> sdpa -> out_proj, written out by hand
+    full       zoo MultiHeadAttention, variant full
+    rope       full with rotary positions
+    local      variant local, window 256
+    linear     variant linear (Katharopoulos et al. 2020)
+
+Time: median of interleaved repeats (every round runs each row once, in rotating order), so that
+load from other processes on the shared machine hits all rows alike; forward under no_grad, and
+forward + backward (gradients of inputs and weights). Peak memory: the high-water mark of bytes
+allocated during the call and not yet freed, from the PyTorch profiler's allocator events
+(profile_memory=True: every CPU tensor allocation and free, including those inside kernels), minus
+nothing that existed before the call; on CUDA, torch.cuda.max_memory_allocated over the call.
+
+Writes experiments/results/attention_benchmark.{csv,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from zoo.attention import MultiHeadAttention  # noqa: E402
+
+HEADS, HEAD_DIM, WINDOW = 4, 64, 256
+DIM = HEADS * HEAD_DIM
+ROWS = ["sdpa", "sdpa+proj", "full", "rope", "local", "linear"]
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def build_rows(device: torch.device) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """Each row maps an input (x (1, T, DIM), or q/k/v stacked for bare sdpa) to an output."""
+    torch.manual_seed(0)
+    modules = {
+        "full": MultiHeadAttention(DIM, HEADS, causal=True),
+        "rope": MultiHeadAttention(DIM, HEADS, causal=True, rope=True),
+        "local": MultiHeadAttention(DIM, HEADS, variant="local", window=WINDOW, causal=True),
+        "linear": MultiHeadAttention(DIM, HEADS, variant="linear", causal=True),
+    }
+    modules = {name: module.to(device) for name, module in modules.items()}
+    in_proj = torch.nn.Linear(DIM, 3 * DIM).to(device)
+    out_proj = torch.nn.Linear(DIM, DIM).to(device)
+
+    def sdpa(qkv: torch.Tensor) -> torch.Tensor:
+        q, k, v = qkv.unbind(0)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def sdpa_with_projections(x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q, k, v = (t.view(batch, length, HEADS, HEAD_DIM).transpose(1, 2) for t in in_proj(x).chunk(3, dim=-1))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out_proj(out.transpose(1, 2).reshape(batch, length, DIM))
+
+    return {"sdpa": sdpa, "sdpa+proj": sdpa_with_projections, **modules}
+
+
+def make_input(row: str, length: int, device: torch.device, requires_grad: bool) -> torch.Tensor:
+    shape = (3, 1, HEADS, length, HEAD_DIM) if row == "sdpa" else (1, length, DIM)
+    return torch.randn(shape, device=device, requires_grad=requires_grad)
+
+
+def forward(fn: Callable, x: torch.Tensor) -> None:
+    with torch.no_grad():
+        fn(x)
+
+
+def forward_backward(fn: Callable, x: torch.Tensor) -> None:
+    fn(x).sum().backward()
+    x.grad = None
+
+
+def timed(step: Callable, fn: Callable, x: torch.Tensor, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    step(fn, x)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def peak_bytes(step: Callable, fn: Callable, x: torch.Tensor, device: torch.device) -> int:
+    """High-water mark of the bytes allocated during one call (see the module docstring)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step(fn, x)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        step(fn, x)
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def rounds_for(length: int, quick: bool) -> int:
+    """Many cheap repeats for short sequences (noise dominates there), few for the long ones."""
+    if length >= 32768:
+        return 2
+    if length >= 16384:
+        return 3
+    if length >= 8192:
+        return 5 if quick else 7
+    if length >= 4096:
+        return 7 if quick else 9
+    return 9 if quick else 15
+
+
+def measure(device: torch.device, lengths: list[int], quick: bool, log: Callable[[str], None]) -> list[dict]:
+    rows = build_rows(device)
+    results = []
+    for length in lengths:
+        record = {name: {"device": device.type, "length": length, "variant": name} for name in ROWS}
+        for mode, step, grad in (("forward", forward, False), ("train", forward_backward, True)):
+            inputs = {name: make_input(name, length, device, grad) for name in ROWS}
+            for name in ROWS:  # warm-up (caches, allocator; long runs warm up in the memory run) and peak memory
+                if length < 4096:
+                    step(rows[name], inputs[name])
+                record[name][f"{mode}_peak_mib"] = peak_bytes(step, rows[name], inputs[name], device) / 2**20
+            times: dict[str, list[float]] = {name: [] for name in ROWS}
+            for round_index in range(rounds_for(length, quick)):
+                order = ROWS[round_index % len(ROWS) :] + ROWS[: round_index % len(ROWS)]
+                for name in order:
+                    times[name].append(timed(step, rows[name], inputs[name], device))
+            for name in ROWS:
+                record[name][f"{mode}_ms"] = 1e3 * statistics.median(times[name])
+        for name in ROWS:
+            row = record[name]
+            for mode in ("forward", "train"):
+                row[f"{mode}_vs_sdpa"] = row[f"{mode}_ms"] / record["sdpa"][f"{mode}_ms"]
+                row[f"{mode}_speedup_vs_full"] = record["full"][f"{mode}_ms"] / row[f"{mode}_ms"]
+            results.append(row)
+        log(
+            f"{device.type} n={length}: "
+            + ", ".join(f"{name} {record[name]['forward_ms']:.1f}/{record[name]['train_ms']:.1f} ms" for name in ROWS)
+        )
+    return results
+
+
+def machine_info() -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "CPU": cpu,
+        "cores": str(os.cpu_count()),
+        "torch threads": str(torch.get_num_threads()),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+    }
+    if torch.cuda.is_available():
+        info["GPU"] = torch.cuda.get_device_name()
+    if hasattr(os, "getloadavg"):
+        info["load average at start"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return info
+
+
+def per_doubling(results: list[dict], device: str, variant: str, key: str) -> list[tuple[int, float]]:
+    """(n, value(n) / value(n / 2)) for consecutive lengths."""
+    series = sorted((r["length"], r[key]) for r in results if r["device"] == device and r["variant"] == variant)
+    return [(n, value / previous) for (m, previous), (n, value) in zip(series, series[1:]) if n == 2 * m]
+
+
+def lookup(results: list[dict], device: str, variant: str, length: int) -> dict | None:
+    return next((r for r in results if (r["device"], r["variant"], r["length"]) == (device, variant, length)), None)
+
+
+def targets(results: list[dict], device: str) -> list[str]:
+    """The issue's performance targets, each with the measured value and met / not met."""
+    lines = []
+    lengths = sorted({r["length"] for r in results if r["device"] == device})
+    n = 8192 if 8192 in lengths else lengths[-1]
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    full_ratios = [(m, lookup(results, device, "full", m)["forward_vs_sdpa"]) for m in lengths]
+    proj_ratios = [
+        (m, lookup(results, device, "full", m)["forward_ms"] / lookup(results, device, "sdpa+proj", m)["forward_ms"])
+        for m in lengths
+    ]
+    longest = full_ratios[-1][1]
+    lines.append(
+        f"- full module <= 1.05x bare SDPA (forward): {longest:.3f}x at n={lengths[-1]} ({verdict(longest <= 1.05)}); "
+        "by n: "
+        + ", ".join(f"{m}: {r:.2f}" for m, r in full_ratios)
+        + ". The module includes the in/out projections that bare SDPA does not; against the same projections"
+        " around bare SDPA (sdpa+proj) the module costs: " + ", ".join(f"{m}: {r:.2f}" for m, r in proj_ratios)
+    )
+    for variant in ("local", "linear"):
+        row = lookup(results, device, variant, n)
+        lines.append(
+            f"- {variant} >= 5x faster than full causal at n={n}: forward {row['forward_speedup_vs_full']:.2f}x "
+            f"({verdict(row['forward_speedup_vs_full'] >= 5)}), forward+backward {row['train_speedup_vs_full']:.2f}x "
+            f"({verdict(row['train_speedup_vs_full'] >= 5)})"
+        )
+    growth = per_doubling(results, device, "local", "train_peak_mib")
+    lines.append(
+        "- local memory grows linearly in n (peak MiB ratio per doubling, forward+backward): "
+        + ", ".join(f"{m}: {r:.2f}" for m, r in growth)
+    )
+    doubling = [(m, r) for m, r in per_doubling(results, device, "linear", "forward_ms") if m >= 1024]
+    worst = max(r for _, r in doubling) if doubling else float("nan")
+    lines.append(
+        f"- linear <= 2.2x time per doubling of n (forward, n >= 1024): worst {worst:.2f}x ({verdict(worst <= 2.2)}); "
+        + ", ".join(f"{m}: {r:.2f}" for m, r in doubling)
+    )
+    return lines
+
+
+def write_markdown(results: list[dict], info: dict[str, str], path: Path, quick: bool) -> None:
+    lines = ["# Attention benchmark", ""]
+    lines.append(
+        f"Causal self-attention, B=1, H={HEADS}, head dim {HEAD_DIM}, fp32; local window {WINDOW}. "
+        f"Median of interleaved repeats{' (--quick)' if quick else ''}. "
+        "Written by `experiments/attention_benchmark.py`."
+    )
+    lines += ["", "| | |", "|---|---|"] + [f"| {key} | {value} |" for key, value in info.items()]
+    lines += [
+        "",
+        "Peak memory: high-water mark of bytes allocated during the call (CPU: profiler allocator events; "
+        "CUDA: max_memory_allocated), excluding inputs and weights.",
+        "Ratios: `x sdpa` = time / bare SDPA time (lower is better); `speed-up` = full module time / time.",
+    ]
+    for device in sorted({r["device"] for r in results}):
+        lines += ["", f"## {device}", "", "### Targets", ""] + targets(results, device)
+        lines += [
+            "",
+            "### All rows",
+            "",
+            "| n | variant | fwd ms | fwd+bwd ms | fwd peak MiB | fwd+bwd peak MiB | fwd x sdpa | "
+            "fwd+bwd x sdpa | fwd speed-up vs full | fwd+bwd speed-up vs full |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in results:
+            if r["device"] != device:
+                continue
+            lines.append(
+                f"| {r['length']} | {r['variant']} | {r['forward_ms']:.1f} | {r['train_ms']:.1f} | "
+                f"{r['forward_peak_mib']:.1f} | {r['train_peak_mib']:.1f} | {r['forward_vs_sdpa']:.2f} | "
+                f"{r['train_vs_sdpa']:.2f} | {r['forward_speedup_vs_full']:.2f} | {r['train_speedup_vs_full']:.2f} |"
+            )
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    devices = sorted({r["device"] for r in results})
+    fig, axes = plt.subplots(len(devices), 2, figsize=(12, 4.8 * len(devices)), squeeze=False)
+    for row_axes, device in zip(axes, devices):
+        for name in ROWS:
+            series = sorted((r["length"], r) for r in results if r["device"] == device and r["variant"] == name)
+            lengths = [n for n, _ in series]
+            (line,) = row_axes[0].plot(lengths, [r["forward_ms"] for _, r in series], "o-", label=f"{name} forward")
+            row_axes[0].plot(
+                lengths, [r["train_ms"] for _, r in series], "s--", color=line.get_color(), label=f"{name} fwd+bwd"
+            )
+            row_axes[1].plot(
+                lengths, [r["train_peak_mib"] for _, r in series], "s--", color=line.get_color(), label=name
+            )
+        row_axes[0].set_title(f"Time, causal, B=1, H={HEADS}, d={HEAD_DIM} ({device})")
+        row_axes[0].set_ylabel("time per call (ms)")
+        row_axes[1].set_title(f"Peak memory of forward+backward ({device})")
+        row_axes[1].set_ylabel("peak allocated memory (MiB)")
+        for ax in row_axes:
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length n (tokens)")
+            ax.grid(True, which="both", alpha=0.3)
+        row_axes[0].legend(fontsize=7, ncol=2)
+        row_axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="lengths up to 8192 and fewer repeats")
+    parser.add_argument("--lengths", type=int, nargs="*", help="override the sequence lengths")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="output folder")
+    args = parser.parse_args()
+    lengths = args.lengths or [256 * 2**i for i in range(6 if args.quick else 8)]
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    info = machine_info()
+    print(" | ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
+    results = []
+    for device in devices:
+        results += measure(device, lengths, args.quick, lambda line: print(line, flush=True))
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "attention_benchmark.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(results[0]))
+        writer.writeheader()
+        writer.writerows(results)
+    write_markdown(results, info, args.out / "attention_benchmark.md", args.quick)
+    plot(results, args.out / "attention_benchmark.png")
+    for device in sorted({r["device"] for r in results}):
+        print("\n".join(targets(results, device)))
+
+
+if __name__ == "__main__":
+    main()
