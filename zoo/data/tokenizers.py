@@ -77,3 +77,21 @@ def batched(texts: Iterable[str], size: int = 1000) -> Iterator[list[str]]:
             batch = []
     if batch:
         yield batch
+
+
+def tokenizer_kind(tokenizer: Tokenizer) -> str:
+    """Which of KINDS built this tokenizer: char (a word-level model over single characters) or bpe."""
+    return "char" if isinstance(tokenizer.model, models.WordLevel) else "bpe"
+
+
+def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Token ids of `text`; characters a char tokenizer never saw are a one-line error, not silent <unk>s."""
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    unk = tokenizer.token_to_id(UNK)
+    if tokenizer_kind(tokenizer) == "char" and unk is not None and unk in ids:
+        unknown = sorted({c for c in text if tokenizer.token_to_id(c) is None})
+        known = "".join(sorted(t for t in tokenizer.get_vocab() if len(t) == 1 and t.isprintable()))
+        raise ValueError(
+            f"characters {unknown} are not in the char tokenizer's vocabulary; valid characters: {known!r}"
+        )
+    return ids

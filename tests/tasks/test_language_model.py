@@ -1,0 +1,127 @@
+"""Language-model task: builds the GPT from the data's tokenizer, trains, checkpoints with its tokenizer,
+and `mode=generate` rebuilds everything from the checkpoint alone."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from tests.helpers import run_cli
+from zoo.data.text import TextDataModule
+from zoo.tasks.language_model import LanguageModelTask, generate_text, load_checkpoint
+from zoo.tasks.optim import param_groups
+
+TEXT = "".join(
+    f"ROMEO: {'what light through yonder window breaks' if i % 2 else 'it is the east'}.\n" for i in range(400)
+)
+NET = {"vocab_size": None, "block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 32}
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "play.txt"
+    path.write_text(TEXT)
+    return path
+
+
+def fit(
+    corpus: Path, root: Path, max_steps: int = 60, **task_options
+) -> tuple[LanguageModelTask, L.Trainer, TextDataModule]:
+    torch.manual_seed(0)
+    data = TextDataModule(path=str(corpus), block_size=32, batch_size=8, eval_batches=2, eval_batch_size=8)
+    options = {
+        "optimizer": {"lr": 3e-3, "weight_decay": 0.1},
+        "scheduler": {"warmup_steps": 5, "min_lr": 3e-4},
+        "sample": {"prompt": "ROMEO:", "max_new_tokens": 20},
+    }
+    task = LanguageModelTask(net=dict(NET), **options)
+    trainer = L.Trainer(
+        max_steps=max_steps, val_check_interval=max_steps // 2, check_val_every_n_epoch=None, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root), gradient_clip_val=1.0,
+        callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=str(root / "checkpoints"), monitor="val/loss")],
+    )  # fmt: skip
+    trainer.fit(task, datamodule=data)
+    return task, trainer, data
+
+
+def test_training_learns_and_checkpoint_restores_model_and_tokenizer(corpus: Path, tmp_path: Path) -> None:
+    task, trainer, data = fit(corpus, tmp_path)
+    assert task.net.config.vocab_size == data.vocab_size == task.hparams.net["vocab_size"]
+    metrics = trainer.callback_metrics
+    assert metrics["val/loss"] < 0.6 * math.log(data.vocab_size)  # well below uniform guessing
+    assert metrics["val/ppl"] == pytest.approx(math.exp(metrics["val/loss"]), rel=1e-5)
+    assert metrics["train/tokens_per_s"] > 0
+    assert "--- step 60 ---\nROMEO:" in (tmp_path / "samples.txt").read_text()
+
+    model, tokenizer = load_checkpoint(trainer.checkpoint_callback.best_model_path)
+    assert tokenizer.to_str() == data.tokenizer.to_str()
+    x, _ = next(iter(data.val_dataloader()))
+    with torch.no_grad():
+        assert torch.allclose(model(x), task.net.eval()(x), atol=1e-6)
+    text = generate_text(model, tokenizer, "ROMEO:", 40, temperature=0.0)
+    assert text.startswith("ROMEO:") and len(text) == 46
+
+    with pytest.raises(ValueError, match=r"characters \['Z', '\$'\]|characters \['\$', 'Z'\]"):
+        generate_text(model, tokenizer, "Z$", 5)
+    with pytest.raises(ValueError, match="prompt is 33 tokens long.*block_size=32"):
+        generate_text(model, tokenizer, "R" * 33, 5)
+
+    # The same checkpoint against data with another tokenizer: a clear mismatch error.
+    other = corpus.parent / "other.txt"
+    other.write_text(TEXT + "Juliet!\n")
+    other_data = TextDataModule(path=str(other), block_size=32, batch_size=8, eval_batches=1)
+    tester = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    fresh = LanguageModelTask(net=dict(NET))
+    with pytest.raises(ValueError, match="tokenizer mismatch: the checkpoint was trained with a char"):
+        tester.test(fresh, datamodule=other_data, ckpt_path=trainer.checkpoint_callback.best_model_path)
+
+
+def test_weight_decay_skips_biases_norms_and_embeddings(corpus: Path) -> None:
+    task = LanguageModelTask(net={**NET, "vocab_size": 40})
+    decay, no_decay = param_groups(task.net, weight_decay=0.1)
+    decayed = {id(p) for p in decay["params"]}
+    for name, param in task.net.named_parameters():
+        is_matrix = name.endswith("weight") and param.ndim == 2 and not name.startswith(("wte", "wpe"))
+        assert (id(param) in decayed) == is_matrix, name
+    assert no_decay["weight_decay"] == 0.0
+
+
+def test_max_steps_is_required(corpus: Path, tmp_path: Path) -> None:
+    data = TextDataModule(path=str(corpus), block_size=32, batch_size=8, eval_batches=1)
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, default_root_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="trainer.max_steps must be a positive int"):
+        trainer.fit(LanguageModelTask(net=dict(NET)), datamodule=data)
+
+
+def test_load_checkpoint_rejects_other_files(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="missing.ckpt"):
+        load_checkpoint(str(tmp_path / "missing.ckpt"))
+    (tmp_path / "garbage.ckpt").write_text("not a checkpoint")
+    with pytest.raises(ValueError, match="not a readable PyTorch checkpoint"):
+        load_checkpoint(str(tmp_path / "garbage.ckpt"))
+    torch.save({"state_dict": {}, "hyper_parameters": {"net": {"image_size": 8}}}, tmp_path / "vit.ckpt")
+    with pytest.raises(ValueError, match="not a GPT checkpoint"):
+        load_checkpoint(str(tmp_path / "vit.ckpt"))
+
+
+@pytest.mark.slow
+def test_cli_trains_then_generates_from_the_checkpoint(corpus: Path, tmp_outputs: Path) -> None:
+    common = ["model=gpt", "data=text", f"data.path={corpus}", f"paths.log_dir={tmp_outputs}", "print_config=false"]
+    result = run_cli(
+        common + ["data.block_size=32", "model.net.n_layer=1", "model.net.n_embd=32", "trainer.max_steps=20",
+                  "trainer.val_check_interval=10", "data.eval_batches=2", "model.sample.max_new_tokens=10"]
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (tmp_outputs / "gpt").iterdir()
+    checkpoint = run / "checkpoints" / "last.ckpt"
+    assert checkpoint.is_file() and "test/ppl" in result.stdout
+    result = run_cli(common + ["mode=generate", f"ckpt_path={checkpoint}", "prompt=ROMEO:", "max_new_tokens=30"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ROMEO:" in result.stdout
+    result = run_cli(common + ["mode=generate", f"ckpt_path={checkpoint}", "prompt=Zebra"])
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: characters ['Z'] are not in")

@@ -1,0 +1,380 @@
+"""Text corpora for language modelling: files -> tokenizer -> one flat token array -> random blocks.
+
+As in nanoGPT, the corpus is tokenised once into a compact array of token ids (uint16 while the vocabulary
+fits), split by position into train | val | test, and training batches are windows of block_size + 1 tokens
+at random offsets (inputs, and targets shifted by one). There are no epochs: train for trainer.max_steps.
+With `cache_dir` the array and the tokenizer are written once to disk and memory-mapped afterwards, so
+corpora larger than memory work and later runs skip tokenisation.
+
+Corpora: your own files (TextDataModule, `data=text data.path=...`), tiny-shakespeare
+(ShakespeareDataModule) and, needing no download at all, the source of Python standard-library modules
+read from the running interpreter (PythonStdlibDataModule, the default of `model=gpt`).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from zoo.data.errors import DataError
+from zoo.data.tokenizers import EOS, KINDS, batched, tokenizer_from_string, tokenizer_to_string, train_tokenizer
+
+log = logging.getLogger("zoo")
+
+CHUNK_CHARS = 1 << 20  # files are read and encoded in line-aligned chunks of about this many characters
+CACHE_VERSION = 1  # bump when the cached layout or the tokenisation changes
+
+
+def window_batch(tokens: np.ndarray, starts: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows tokens[s : s + block_size + 1] -> inputs x and next-token targets y, both (B, block_size) int64."""
+    windows = np.stack([tokens[s : s + block_size + 1] for s in starts.tolist()]).astype(np.int64)
+    windows = torch.from_numpy(windows)
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+class RandomBlocks(IterableDataset):
+    """An endless stream of (x, y) batches at uniformly random offsets (nanoGPT's get_batch)."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int) -> None:
+        self.tokens, self.block_size, self.batch_size, self.seed = tokens, block_size, batch_size, seed
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        worker = get_worker_info()
+        generator = torch.Generator().manual_seed(self.seed + (worker.id if worker is not None else 0))
+        high = len(self.tokens) - self.block_size  # last start whose window has block_size + 1 tokens, plus 1
+        while True:
+            starts = torch.randint(high, (self.batch_size,), generator=generator)
+            yield window_batch(self.tokens, starts, self.block_size)
+
+
+class FixedBlocks(Dataset):
+    """A fixed set of windows for evaluation: every non-overlapping block of the split (`count` None), or
+    `count` windows at seeded random offsets. Fixed, so every validation measures the same text."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int, count: int | None, seed: int) -> None:
+        self.tokens, self.block_size = tokens, block_size
+        if count is None:
+            self.starts = torch.arange(0, len(tokens) - block_size, block_size)
+        else:
+            generator = torch.Generator().manual_seed(seed)
+            self.starts = torch.randint(len(tokens) - block_size, (count,), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = window_batch(self.tokens, self.starts[index : index + 1], self.block_size)
+        return x[0], y[0]
+
+
+class TextDataModule(L.LightningDataModule):
+    """Language-modelling batches from text files.
+
+    path: a file, a folder (all its files, recursively, sorted) or a glob pattern, or a list of them; the
+    files are joined with an <eos> token between them. tokenizer: char | bpe (byte-level, trained to
+    vocab_size). The tokenizer is fit on the whole corpus (a char vocabulary must cover the val split).
+    eval_batches: evaluate on that many random batches of the val/test split, or null for all of it.
+    """
+
+    def __init__(
+        self,
+        path: str | list[str] | None = None,
+        tokenizer: str = "char",
+        vocab_size: int | None = None,
+        block_size: int = 64,
+        batch_size: int = 12,
+        eval_batch_size: int | None = None,
+        eval_batches: int | None = 50,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.05,
+        seed: int = 0,
+        num_workers: int = 0,
+        cache_dir: str | None = None,
+        encoding: str = "utf-8",
+    ) -> None:
+        super().__init__()
+        if tokenizer not in KINDS:
+            raise DataError(f"unknown data.tokenizer {tokenizer!r}; valid choices: {list(KINDS)}")
+        if tokenizer == "bpe" and vocab_size is None:
+            raise DataError("data.vocab_size must be set for data.tokenizer=bpe (e.g. 512 or 50257)")
+        for name, value in (("block_size", block_size), ("batch_size", batch_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise DataError(f"data.{name} must be a positive int, got {value!r}")
+        if eval_batches is not None and (not isinstance(eval_batches, int) or eval_batches <= 0):
+            raise DataError(f"data.eval_batches must be a positive int or null (the whole split), got {eval_batches!r}")
+        if not 0.0 < val_fraction < 1.0 or not 0.0 <= test_fraction < 1.0 or val_fraction + test_fraction >= 1.0:
+            raise DataError(
+                f"data.val_fraction in (0, 1) and data.test_fraction in [0, 1) must leave a training split, "
+                f"got val_fraction={val_fraction} and test_fraction={test_fraction}"
+            )
+        self.path = path
+        self.tokenizer_kind = tokenizer
+        self.requested_vocab_size = vocab_size
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.eval_batches = eval_batches
+        self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
+        self.seed = seed
+        self.num_workers = num_workers
+        self.cache_dir = cache_dir
+        self.encoding = encoding
+        self.tokenizer: Tokenizer | None = None
+        self.tokens: np.ndarray | None = None
+        self.splits: dict[str, np.ndarray] = {}
+
+    # -- the corpus -------------------------------------------------------------------------------
+    def sources(self) -> list[Path]:
+        """The text files of the corpus, in order. Subclasses find or fetch their own."""
+        entries = [self.path] if isinstance(self.path, (str, os.PathLike)) else list(self.path or [])
+        if not entries or any(not str(entry).strip() for entry in entries):
+            raise DataError(f"data.path must name text files, a folder or a glob pattern, got {self.path!r}")
+        files: list[Path] = []
+        for entry in entries:
+            path = Path(entry).expanduser()
+            if path.is_file():
+                files.append(path)
+            elif path.is_dir():
+                found = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+                if not found:
+                    raise DataError(f"data.path folder {str(path)!r} holds no files")
+                files.extend(found)
+            else:
+                found = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+                if not found:
+                    raise DataError(
+                        f"data.path {str(entry)!r} is not a file, a folder or a glob pattern matching files"
+                    )
+                files.extend(found)
+        return files
+
+    def read_chunks(self, files: list[Path]) -> Iterator[tuple[int, str]]:
+        """(file index, text chunk) pairs: each file in line-aligned chunks of about CHUNK_CHARS characters."""
+        for index, path in enumerate(files):
+            try:
+                with open(path, encoding=self.encoding, newline="") as handle:
+                    chunk: list[str] = []
+                    size = 0
+                    for line in handle:
+                        chunk.append(line)
+                        size += len(line)
+                        if size >= CHUNK_CHARS:
+                            yield index, "".join(chunk)
+                            chunk, size = [], 0
+                    if chunk:
+                        yield index, "".join(chunk)
+            except UnicodeDecodeError as error:
+                raise DataError(
+                    f"{str(path)!r} is not {self.encoding} text (bad byte at offset {error.start}); "
+                    f"set data.encoding (e.g. latin-1) or leave the file out of data.path"
+                ) from None
+
+    # -- tokenisation, once -----------------------------------------------------------------------
+    def cache_key(self, files: list[Path]) -> str:
+        stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+        description = [CACHE_VERSION, stats, self.tokenizer_kind, self.requested_vocab_size, self.encoding]
+        return hashlib.sha256(json.dumps(description).encode()).hexdigest()[:16]
+
+    def tokenize(self, files: list[Path], out: Any) -> tuple[Tokenizer, int, int]:
+        """Fit the tokenizer and write the token ids of all files to `out` (a binary file); returns the
+        tokenizer, the number of tokens and the number of characters."""
+        chars = 0
+
+        def texts() -> Iterator[str]:
+            nonlocal chars
+            for _, text in self.read_chunks(files):
+                chars += len(text)
+                yield text
+
+        tokenizer = train_tokenizer(self.tokenizer_kind, batched(texts(), 16), self.requested_vocab_size)
+        if chars == 0:
+            raise DataError(f"the text corpus is empty: {[str(p) for p in files][:5]}")
+        dtype = token_dtype(tokenizer.get_vocab_size())
+        eos = tokenizer.token_to_id(EOS)
+        count = 0
+        previous = 0
+        for batch in batched(self.read_chunks(files), 16):
+            encodings = tokenizer.encode_batch([text for _, text in batch], add_special_tokens=False)
+            for (index, _), encoding in zip(batch, encodings):
+                if index != previous:  # a document boundary
+                    out.write(np.array([eos], dtype=dtype).tobytes())
+                    count += 1
+                    previous = index
+                out.write(np.asarray(encoding.ids, dtype=dtype).tobytes())
+                count += len(encoding.ids)
+        return tokenizer, count, chars
+
+    def load_tokens(self, files: list[Path]) -> tuple[Tokenizer, np.ndarray]:
+        """Token array and tokenizer: from `cache_dir` if this corpus was tokenised before, else made now."""
+        if self.cache_dir is None:
+            with tempfile.TemporaryFile() as out:
+                tokenizer, count, chars = self.tokenize(files, out)
+                out.seek(0)
+                tokens = np.frombuffer(out.read(), dtype=token_dtype(tokenizer.get_vocab_size()))
+            self._log_corpus(files, chars, count, tokenizer)
+            return tokenizer, tokens
+        folder = Path(self.cache_dir).expanduser() / f"{self.tokenizer_kind}-{self.cache_key(files)}"
+        if not (folder / "meta.json").is_file():
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".staging-"))
+            try:
+                with open(staging / "tokens.bin", "wb") as out:
+                    tokenizer, count, chars = self.tokenize(files, out)
+                (staging / "tokenizer.json").write_text(tokenizer_to_string(tokenizer))
+                meta = {"tokens": count, "chars": chars, "files": [str(p) for p in files]}
+                (staging / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+                os.replace(staging, folder)  # atomic: concurrent runs never see half a cache
+            except OSError:
+                if not (folder / "meta.json").is_file():
+                    raise
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        meta = json.loads((folder / "meta.json").read_text())
+        tokenizer = tokenizer_from_string((folder / "tokenizer.json").read_text())
+        dtype = token_dtype(tokenizer.get_vocab_size())
+        tokens = np.memmap(folder / "tokens.bin", dtype=dtype, mode="r", shape=(meta["tokens"],))
+        self._log_corpus(files, meta["chars"], meta["tokens"], tokenizer, folder)
+        return tokenizer, tokens
+
+    def _log_corpus(self, files: list[Path], chars: int, count: int, tokenizer: Tokenizer, cache: Path | None = None):
+        where = f", cached in {cache}" if cache is not None else ""
+        log.info(
+            f"text corpus: {len(files)} file(s), {chars:,} characters -> {count:,} tokens "
+            f"({self.tokenizer_kind} tokenizer, vocabulary {tokenizer.get_vocab_size()}){where}"
+        )
+
+    # -- Lightning --------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        if self.tokenizer is None:
+            raise RuntimeError("call setup() first: the vocabulary is known once the corpus is tokenised")
+        return self.tokenizer.get_vocab_size()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tokens is not None:
+            return
+        files = self.sources()
+        self.tokenizer, self.tokens = self.load_tokens(files)
+        total = len(self.tokens)
+        train_end = int(total * (1.0 - self.val_fraction - self.test_fraction))
+        val_end = int(total * (1.0 - self.test_fraction))
+        self.splits = {"train": self.tokens[:train_end], "val": self.tokens[train_end:val_end]}
+        if self.test_fraction > 0:
+            self.splits["test"] = self.tokens[val_end:]
+        for name, split in self.splits.items():
+            if len(split) <= self.block_size:
+                raise DataError(
+                    f"the {name} split has {len(split)} tokens, too few for data.block_size={self.block_size} "
+                    f"(the corpus has {total}); use a bigger corpus or a smaller block_size"
+                )
+
+    def train_dataloader(self) -> DataLoader:
+        blocks = RandomBlocks(self.splits["train"], self.block_size, self.batch_size, self.seed)
+        return DataLoader(
+            blocks, batch_size=None, num_workers=self.num_workers, persistent_workers=self.num_workers > 0
+        )
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        count = None if self.eval_batches is None else self.eval_batches * self.eval_batch_size
+        blocks = FixedBlocks(self.splits[split], self.block_size, count, self.seed + 1)
+        return DataLoader(blocks, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        if "test" not in self.splits:
+            log.warning("data.test_fraction=0: there is no test split, so the test stage measures the val split")
+            return self._eval_loader("val")
+        return self._eval_loader("test")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+class ShakespeareDataModule(TextDataModule):
+    """tiny-shakespeare (Karpathy 2015; 1.1M characters): read from `path` when that file exists,
+    otherwise downloaded once into data_dir."""
+
+    url = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+
+    def __init__(self, path: str | None = None, data_dir: str = "data", download: bool = True, **kwargs: Any) -> None:
+        super().__init__(path=path, **kwargs)
+        self.data_dir = data_dir
+        self.download = download
+
+    def sources(self) -> list[Path]:
+        if self.path and Path(self.path).expanduser().is_file():
+            return [Path(self.path).expanduser()]
+        target = Path(self.data_dir).expanduser() / "tinyshakespeare" / "input.txt"
+        if not target.is_file():
+            reason = "download disabled"
+            if self.download:
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with urllib.request.urlopen(self.url, timeout=30) as response:
+                        text = response.read()
+                    partial = target.with_suffix(".part")
+                    partial.write_bytes(text)
+                    os.replace(partial, target)
+                    log.info(f"downloaded tiny-shakespeare to {target}")
+                except Exception as error:  # offline, proxy, disk: all end in the same advice
+                    reason = f"download failed: {type(error).__name__}"
+            if not target.is_file():
+                raise DataError(
+                    f"tiny-shakespeare: data.path={self.path!r} is not a file and {target} is missing ({reason}); "
+                    f"set data.path to a copy of input.txt"
+                )
+        return [target]
+
+
+# Pure-Python standard-library modules (about 0.9 MB of source): well-written, varied, always present.
+STDLIB_MODULES = (
+    "argparse", "collections", "dataclasses", "enum", "functools", "inspect", "json", "logging",
+    "pathlib", "subprocess", "textwrap", "threading", "typing",
+)  # fmt: skip
+
+
+class PythonStdlibDataModule(TextDataModule):
+    """The source code of Python standard-library modules, read from the running interpreter: an
+    embedded corpus that needs no download (it follows the interpreter's version)."""
+
+    def __init__(self, modules: list[str] | tuple[str, ...] = STDLIB_MODULES, **kwargs: Any) -> None:
+        super().__init__(path=None, **kwargs)
+        self.modules = list(modules)
+
+    def sources(self) -> list[Path]:
+        if not self.modules:
+            raise DataError("data.modules must list standard-library modules, e.g. [argparse, json, typing]")
+        files = []
+        for name in self.modules:
+            try:
+                spec = importlib.util.find_spec(name)
+            except (ImportError, ValueError):
+                spec = None
+            origin = getattr(spec, "origin", None)
+            if origin is None or not origin.endswith(".py") or not Path(origin).is_file():
+                raise DataError(
+                    f"data.modules: {name!r} is not a pure-Python module of this interpreter; "
+                    f"valid examples: {list(STDLIB_MODULES)}"
+                )
+            files.append(Path(origin))
+        return files

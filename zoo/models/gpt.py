@@ -1,0 +1,346 @@
+"""GPT (Radford et al. 2018, 2019): a decoder-only Transformer language model.
+
+Token + learned position embeddings (none with RoPE), pre-norm causal blocks from zoo.blocks, a final
+LayerNorm and an LM head tied to the token embedding. Any attention variant of zoo.attention works:
+generation keeps each block's decoding state (a KV cache for full/RoPE attention, a rolling window for
+local, a recurrent state for linear), so a new token costs one row, not the whole context.
+
+Weights copy one to one from and to Hugging Face `GPT2LMHeadModel` (`from_huggingface`, `to_huggingface`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from zoo.attention import AttentionConfig, LearnedPositionalEmbedding
+from zoo.blocks import TransformerBlock
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
+    block_size: int = 1024  # longest context the model sees
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    mlp_dim: int | None = None  # default 4 * n_embd
+    dropout: float = 0.0  # embeddings, residual branches and MLP hidden; attention probabilities: attention.dropout
+    bias: bool = True  # biases in Linear layers and LayerNorms (False: a little faster, as good)
+    activation: str = "gelu"  # GPT-2 itself: gelu_tanh
+    norm_eps: float = 1e-5
+    tie_weights: bool = True  # LM head shares the token embedding (Press & Wolf 2017)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attention, dict):
+            self.attention = AttentionConfig(**self.attention)
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"gpt {name} must be a positive int, got {value!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd must be divisible by n_head, got n_embd={self.n_embd} and n_head={self.n_head}")
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig | None = None, **overrides: Any) -> None:
+        super().__init__()
+        config = config or GPTConfig(**overrides)
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        # RoPE rotates queries and keys inside attention, so no absolute table is added.
+        self.wpe = None if config.attention.rope else LearnedPositionalEmbedding(config.n_embd, config.block_size)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(
+                config.n_embd,
+                config.n_head,
+                config.mlp_dim,
+                config.attention,
+                causal=True,
+                norm_first=True,
+                dropout=config.dropout,
+                activation=config.activation,
+                bias=config.bias,
+                norm_eps=config.norm_eps,
+            )
+            for _ in range(config.n_layer)
+        )
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.lm_head.weight = self.wte.weight
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """GPT-2 initialisation: N(0, 0.02) everywhere, zero biases, and the projections that write into
+        the residual stream scaled by 1/sqrt(2 n_layer) (two per block), so its variance stays O(1) with depth."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.Embedding, LearnedPositionalEmbedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for block in self.blocks:
+            nn.init.normal_(block.self_attn.out_proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.fc2.weight, mean=0.0, std=residual_std)
+
+    def num_parameters(self, exclude_embeddings: bool = True) -> int:
+        """Parameter count; by default without the position table (and without the token table if the
+        head is untied), as GPT-2 and nanoGPT report it. A tied token table counts: it is the LM head."""
+        total = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            if self.wpe is not None:
+                total -= self.wpe.weight.numel()
+            if not self.config.tie_weights:
+                total -= self.wte.weight.numel()
+        return total
+
+    def new_caches(self) -> list[dict[str, Any]]:
+        """One fresh decoding state per block (whatever its attention variant keeps)."""
+        return [block.new_cache() for block in self.blocks]
+
+    def forward_features(self, idx: torch.Tensor, caches: list[dict[str, Any]] | None = None) -> torch.Tensor:
+        """Token ids (B, T) -> final hidden states (B, T, n_embd).
+
+        With `caches` (from `new_caches`), idx holds only the new tokens; they sit after everything cached.
+        """
+        length = idx.shape[1]
+        offset = caches[0]["self"].offset if caches is not None else 0
+        if offset + length > self.config.block_size:
+            raise ValueError(
+                f"sequence of {offset + length} tokens exceeds the model's block_size={self.config.block_size}"
+            )
+        x = self.wte(idx)  # (B, T, C)
+        if self.wpe is not None:
+            x = self.wpe(x, offset)
+        x = self.drop(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache=caches[i] if caches is not None else None)
+        return self.ln_f(x)
+
+    def forward_head(self, features: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(features)  # (B, T, vocab_size)
+
+    def forward(self, idx: torch.Tensor, caches: list[dict[str, Any]] | None = None) -> torch.Tensor:
+        """Token ids (B, T) -> next-token logits (B, T, vocab_size)."""
+        return self.forward_head(self.forward_features(idx, caches))
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Continue the prompts idx (B, T) by max_new_tokens sampled tokens; returns (B, T + max_new_tokens).
+
+        temperature 0 is greedy decoding. The model sees the last block_size tokens (nanoGPT's crop).
+        Inside block_size each step feeds one token through the blocks' decoding states; beyond it every
+        position shifts, which no cache survives, so each further step re-encodes the cropped context.
+        Cached and uncached decoding therefore sample the same tokens for the same seed.
+        """
+        block_size = self.config.block_size
+        if idx.ndim != 2 or not 1 <= idx.shape[1] <= block_size:
+            raise ValueError(
+                f"prompt of {idx.shape[-1] if idx.ndim else 0} tokens does not fit: it must have 1 to "
+                f"block_size={block_size} tokens, shape (batch, tokens)"
+            )
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+        check_sampling_options(temperature, top_k, top_p)
+        was_training = self.training
+        self.eval()
+        try:
+            caches = self.new_caches() if use_cache else None
+            context = idx
+            for step in range(max_new_tokens):
+                if step > 0 and caches is not None and idx.shape[1] <= block_size:
+                    context = idx[:, -1:]  # the caches hold everything before it
+                elif idx.shape[1] > block_size or caches is None:
+                    context = idx[:, -block_size:]
+                    caches = self.new_caches() if use_cache else None
+                logits = self.forward_head(self.forward_features(context, caches)[:, -1])  # (B, vocab)
+                next_token = sample_next_token(logits, temperature, top_k, top_p, generator)
+                idx = torch.cat([idx, next_token], dim=1)
+        finally:
+            self.train(was_training)
+        return idx
+
+    # -- Hugging Face GPT-2 interop ------------------------------------------------------------------
+
+    @classmethod
+    def from_huggingface(cls, model: Any) -> GPT:
+        """A zoo GPT with the weights of a `transformers` GPT2LMHeadModel (any size: gpt2 ... gpt2-xl).
+
+        GPT-2 keeps Conv1D weights as (in, out); nn.Linear wants (out, in), hence the transposes.
+        """
+        hf = model.config
+        if getattr(hf, "scale_attn_by_inverse_layer_idx", False) or not getattr(hf, "scale_attn_weights", True):
+            raise ValueError(
+                "only GPT-2 attention scaled by 1/sqrt(head_dim) is supported (scale_attn_weights=True, "
+                "scale_attn_by_inverse_layer_idx=False)"
+            )
+        if hf.activation_function not in HF_ACTIVATIONS:
+            raise ValueError(
+                f"unsupported GPT-2 activation_function {hf.activation_function!r}; "
+                f"valid choices: {sorted(HF_ACTIVATIONS)}"
+            )
+        config = GPTConfig(
+            vocab_size=hf.vocab_size,
+            block_size=hf.n_positions,
+            n_layer=hf.n_layer,
+            n_head=hf.n_head,
+            n_embd=hf.n_embd,
+            mlp_dim=hf.n_inner or 4 * hf.n_embd,
+            dropout=hf.resid_pdrop,
+            bias=True,
+            activation=HF_ACTIVATIONS[hf.activation_function],
+            norm_eps=hf.layer_norm_epsilon,
+            tie_weights=bool(getattr(hf, "tie_word_embeddings", True)),
+            attention=AttentionConfig(dropout=hf.attn_pdrop),
+        )
+        gpt = cls(config)
+        source = model.state_dict()
+        state = {}
+        for hf_name, zoo_name, transpose in _huggingface_names(config.n_layer):
+            if hf_name == "lm_head.weight" and hf_name not in source:
+                hf_name = "transformer.wte.weight"  # tied and stored once
+            tensor = source[hf_name]
+            state[zoo_name] = tensor.t() if transpose else tensor
+        gpt.load_state_dict(state, strict=True)
+        return gpt.to(next(model.parameters()).dtype)
+
+    def to_huggingface(self) -> Any:
+        """The same network as a `transformers` GPT2LMHeadModel (full attention, learned positions only)."""
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = self.config
+        if config.attention.variant != "full" or config.attention.rope or not config.bias:
+            raise ValueError(
+                f"GPT-2 has full attention, learned positions and biases; this model has "
+                f"attention.variant={config.attention.variant!r}, rope={config.attention.rope}, bias={config.bias}"
+            )
+        if config.activation not in ZOO_TO_HF_ACTIVATIONS:
+            raise ValueError(
+                f"GPT-2 has no activation {config.activation!r}; valid choices: {sorted(ZOO_TO_HF_ACTIVATIONS)}"
+            )
+        hf_config = GPT2Config(
+            vocab_size=config.vocab_size,
+            n_positions=config.block_size,
+            n_embd=config.n_embd,
+            n_layer=config.n_layer,
+            n_head=config.n_head,
+            n_inner=config.mlp_dim,
+            layer_norm_epsilon=config.norm_eps,
+            activation_function=ZOO_TO_HF_ACTIVATIONS[config.activation],
+            resid_pdrop=config.dropout,
+            embd_pdrop=config.dropout,
+            attn_pdrop=config.attention.dropout,
+            tie_word_embeddings=config.tie_weights,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+        model = GPT2LMHeadModel(hf_config)
+        source = self.state_dict()
+        state = {}
+        for hf_name, zoo_name, transpose in _huggingface_names(config.n_layer):
+            tensor = source[zoo_name]
+            state[hf_name] = tensor.t().contiguous() if transpose else tensor
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [name for name in missing if not name.endswith(".attn.bias") and not name.endswith(".masked_bias")]
+        if missing or unexpected:
+            raise RuntimeError(f"GPT-2 export left weights unmatched: missing {missing}, unexpected {unexpected}")
+        return model.to(self.wte.weight.dtype)
+
+    def config_dict(self) -> dict[str, Any]:
+        return asdict(self.config)
+
+
+# transformers' activation_function names -> zoo.blocks.ACTIVATIONS names
+HF_ACTIVATIONS = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+    "quick_gelu": "quick_gelu",
+}
+ZOO_TO_HF_ACTIVATIONS = {
+    "gelu_tanh": "gelu_new",
+    "gelu": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "quick_gelu": "quick_gelu",
+}
+
+
+def _huggingface_names(n_layer: int) -> list[tuple[str, str, bool]]:
+    """(GPT-2 name, zoo name, transpose) for every weight; c_attn's columns are q, k, v as in in_proj's rows."""
+    names = [
+        ("transformer.wte.weight", "wte.weight", False),
+        ("transformer.wpe.weight", "wpe.weight", False),
+        ("transformer.ln_f.weight", "ln_f.weight", False),
+        ("transformer.ln_f.bias", "ln_f.bias", False),
+        ("lm_head.weight", "lm_head.weight", False),
+    ]
+    per_block = [
+        ("ln_1", "norm1", False),
+        ("attn.c_attn", "self_attn.in_proj", True),
+        ("attn.c_proj", "self_attn.out_proj", True),
+        ("ln_2", "norm2", False),
+        ("mlp.c_fc", "mlp.fc1", True),
+        ("mlp.c_proj", "mlp.fc2", True),
+    ]
+    for i in range(n_layer):
+        for hf, zoo, transpose in per_block:
+            names.append((f"transformer.h.{i}.{hf}.weight", f"blocks.{i}.{zoo}.weight", transpose))
+            names.append((f"transformer.h.{i}.{hf}.bias", f"blocks.{i}.{zoo}.bias", False))
+    return names
+
+
+def check_sampling_options(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k <= 0):
+        raise ValueError(f"top_k must be a positive int or null, got {top_k!r}")
+    if top_p is not None and (not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1] or null, got {top_p!r}")
+
+
+def sample_next_token(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Logits (B, vocab) -> next token ids (B, 1): temperature, then top-k, then nucleus (top-p,
+    Holtzman et al. 2020) filtering; temperature 0 takes the argmax."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth_largest = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        # Drop a token once the more likely ones already cover top_p; the most likely always stays.
+        drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)

@@ -1,0 +1,244 @@
+"""Causal language modelling with a GPT: next-token cross-entropy, perplexity, tokens/s, samples.
+
+The vocabulary comes from the data's tokenizer, so the network is built in `setup` once the corpus is
+tokenised (or in __init__ when the hyper-parameters already hold vocab_size, as a checkpoint's do). The
+tokenizer travels inside every checkpoint, and `python run.py model=gpt mode=generate ckpt_path=...`
+rebuilds model and tokenizer from the checkpoint alone.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torchmetrics
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig
+from tokenizers import Tokenizer
+
+from zoo.data.tokenizers import encode_text, tokenizer_from_string, tokenizer_kind, tokenizer_to_string
+from zoo.models.gpt import GPT, GPTConfig, check_sampling_options
+from zoo.pipeline import register_mode
+from zoo.tasks.base import ZooTask
+
+MODEL_FAMILY = "gpt"  # stored in checkpoints, checked by mode=generate
+SAMPLE_DEFAULTS = {"prompt": "\n", "max_new_tokens": 200, "temperature": 0.8, "top_k": 200, "top_p": None, "seed": 0}
+
+
+class LanguageModelTask(ZooTask):
+    """net: GPTConfig fields (vocab_size null = the tokenizer's); sample: the text generated at each
+    validation {prompt, max_new_tokens, temperature, top_k, top_p, seed} (max_new_tokens 0: none)."""
+
+    def __init__(
+        self,
+        net: dict[str, Any],
+        optimizer: dict[str, Any] | None = None,
+        scheduler: dict[str, Any] | None = None,
+        sample: dict[str, Any] | None = None,
+        compile: bool = False,
+    ) -> None:
+        super().__init__(optimizer, scheduler, compile)
+        self.save_hyperparameters()
+        unknown = set(sample or {}) - set(SAMPLE_DEFAULTS)
+        if unknown:
+            raise ValueError(f"unknown model.sample options {sorted(unknown)}; valid: {sorted(SAMPLE_DEFAULTS)}")
+        self.sample_config = {**SAMPLE_DEFAULTS, **(sample or {})}
+        check_sampling_options(
+            self.sample_config["temperature"], self.sample_config["top_k"], self.sample_config["top_p"]
+        )
+        self.net: GPT | None = GPT(GPTConfig(**net)) if net.get("vocab_size") is not None else None
+        self.tokenizer: Tokenizer | None = None
+        self.val_loss, self.test_loss = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
+        self._step_start: float | None = None
+
+    # -- model and tokenizer from the data ------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        tokenizer = getattr(datamodule, "tokenizer", None)
+        if tokenizer is None:
+            return
+        self._adopt_tokenizer(tokenizer, source="the data")
+        vocab_size = tokenizer.get_vocab_size()
+        if self.net is None:
+            self.hparams.net = {**self.hparams.net, "vocab_size": vocab_size}
+            self.net = GPT(GPTConfig(**self.hparams.net))
+        elif self.net.config.vocab_size < vocab_size:
+            raise ValueError(
+                f"model.net.vocab_size={self.net.config.vocab_size} is smaller than the tokenizer's vocabulary "
+                f"({vocab_size}); set it to null (taken from the tokenizer) or at least {vocab_size}"
+            )
+        block_size = getattr(datamodule, "block_size", None)
+        if block_size is not None and block_size > self.net.config.block_size:
+            raise ValueError(
+                f"data.block_size={block_size} exceeds the model's block_size={self.net.config.block_size}; "
+                f"use data.block_size <= {self.net.config.block_size}"
+            )
+
+    def _adopt_tokenizer(self, tokenizer: Tokenizer, source: str) -> None:
+        """Take `tokenizer`, unless the model already has a different one (a checkpoint/data mismatch)."""
+        if self.tokenizer is not None and tokenizer_to_string(tokenizer) != tokenizer_to_string(self.tokenizer):
+            raise ValueError(
+                f"tokenizer mismatch: the checkpoint was trained with a {describe(self.tokenizer)} tokenizer, "
+                f"{source} has a {describe(tokenizer)} one; use the data and data.tokenizer of the training run"
+            )
+        self.tokenizer = tokenizer
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["model_family"] = MODEL_FAMILY
+        if self.tokenizer is not None:
+            checkpoint["tokenizer"] = tokenizer_to_string(self.tokenizer)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if checkpoint.get("model_family") != MODEL_FAMILY:
+            raise ValueError(
+                f"this checkpoint is not a GPT checkpoint (model_family={checkpoint.get('model_family')!r})"
+            )
+        if "tokenizer" in checkpoint:
+            self._adopt_tokenizer(tokenizer_from_string(checkpoint["tokenizer"]), source="the data")
+
+    # -- training and evaluation ----------------------------------------------------------------------
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.net(idx)
+
+    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch  # (B, T) inputs and next-token targets
+        logits = self.net(x)  # (B, T, vocab)
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        if self.trainer.max_steps is None or self.trainer.max_steps <= 0:
+            raise ValueError(
+                f"trainer.max_steps must be a positive int for language models (training draws random blocks, "
+                f"so there are no epochs), got {self.trainer.max_steps}"
+            )
+        return super().configure_optimizers()
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._step_start = time.perf_counter()
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("train/loss", loss, on_step=True, prog_bar=True)
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Forward, backward and optimiser step of this batch (data loading excluded).
+        if self._step_start is not None:
+            seconds = time.perf_counter() - self._step_start
+            self.log("train/tokens_per_s", batch[0].numel() / seconds, on_step=True, prog_bar=True)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self.val_loss.update(self._loss(batch), weight=batch[1].numel())
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self.test_loss.update(self._loss(batch), weight=batch[1].numel())
+
+    def _log_loss_and_perplexity(self, stage: str, metric: torchmetrics.MeanMetric) -> None:
+        loss = metric.compute()
+        metric.reset()
+        self.log(f"{stage}/loss", loss, prog_bar=True)
+        self.log(f"{stage}/ppl", torch.exp(loss))
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_loss_and_perplexity("val", self.val_loss)
+        if not self.trainer.sanity_checking and self.sample_config["max_new_tokens"] > 0:
+            self.log_sample()
+
+    def on_test_epoch_end(self) -> None:
+        self._log_loss_and_perplexity("test", self.test_loss)
+
+    # -- samples --------------------------------------------------------------------------------------
+    @rank_zero_only
+    def log_sample(self) -> None:
+        """Generate from model.sample.prompt and show it in the console, the loggers and samples.txt."""
+        if self.tokenizer is None:
+            return
+        options = self.sample_config
+        generator = torch.Generator(device=self.device).manual_seed(options["seed"])  # leaves training RNG alone
+        text = generate_text(
+            self.net, self.tokenizer, options["prompt"], options["max_new_tokens"], options["temperature"],
+            options["top_k"], options["top_p"], generator=generator,
+        )  # fmt: skip
+        step = self.global_step
+        print(f"\n--- sample at step {step} ---\n{text}\n---", flush=True)
+        for logger in self.loggers:
+            if hasattr(logger, "log_text"):  # wandb
+                logger.log_text(key="samples", columns=["step", "text"], data=[[step, text]])
+            elif hasattr(getattr(logger, "experiment", None), "add_text"):  # tensorboard
+                logger.experiment.add_text("samples", f"```\n{text}\n```", step)
+        root = Path(self.trainer.default_root_dir)
+        if root.is_dir():
+            with open(root / "samples.txt", "a", encoding="utf-8") as handle:
+                handle.write(f"--- step {step} ---\n{text}\n")
+
+
+def describe(tokenizer: Tokenizer) -> str:
+    return f"{tokenizer_kind(tokenizer)} ({tokenizer.get_vocab_size()} tokens)"
+
+
+def generate_text(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> str:
+    """The prompt and its continuation, as text."""
+    if not prompt:
+        raise ValueError('prompt is empty; give at least one character, e.g. prompt="\\n"')
+    ids = encode_text(tokenizer, prompt)
+    block_size = model.config.block_size
+    if len(ids) > block_size:
+        raise ValueError(
+            f"prompt is {len(ids)} tokens long, more than the model's block_size={block_size}; "
+            f"use a prompt of at most {block_size} tokens"
+        )
+    device = next(model.parameters()).device
+    idx = torch.tensor([ids], dtype=torch.long, device=device)
+    out = model.generate(idx, max_new_tokens, temperature, top_k, top_p, generator=generator)
+    return tokenizer.decode(out[0].tolist())
+
+
+def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> tuple[GPT, Tokenizer]:
+    """A GPT and its tokenizer from a checkpoint of `model=gpt` (loaded with weights_only=True)."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"ckpt_path={path!r} is not a file; pass a .ckpt from outputs/gpt/<run>/checkpoints/")
+    try:
+        checkpoint = torch.load(file, map_location=map_location, weights_only=True)
+    except Exception as error:
+        raise ValueError(f"ckpt_path={path!r} is not a readable PyTorch checkpoint ({type(error).__name__})") from None
+    family = checkpoint.get("model_family") if isinstance(checkpoint, dict) else None
+    if family != MODEL_FAMILY or "tokenizer" not in checkpoint:
+        raise ValueError(
+            f"ckpt_path={path!r} is not a GPT checkpoint (model_family={family!r}); "
+            f"mode=generate needs a checkpoint written by `python run.py model=gpt`"
+        )
+    model = GPT(GPTConfig(**checkpoint["hyper_parameters"]["net"]))
+    state = {}
+    for name, tensor in checkpoint["state_dict"].items():
+        if name.startswith("net."):
+            state[name.removeprefix("net.").replace("_orig_mod.", "", 1)] = tensor  # also torch.compile'd nets
+    model.load_state_dict(state)
+    return model.eval(), tokenizer_from_string(checkpoint["tokenizer"])
+
+
+@register_mode("generate")
+def generate_mode(cfg: DictConfig) -> dict[str, float]:
+    """`python run.py model=gpt mode=generate ckpt_path=... prompt="ROMEO:" max_new_tokens=300`: prints text."""
+    if not cfg.get("ckpt_path"):
+        raise ValueError("mode=generate needs ckpt_path=<a checkpoint written by `python run.py model=gpt`>")
+    model, tokenizer = load_checkpoint(cfg.ckpt_path)
+    generator = torch.Generator().manual_seed(cfg.seed) if cfg.get("seed") is not None else None
+    text = generate_text(
+        model, tokenizer, str(cfg.get("prompt", "\n")), int(cfg.get("max_new_tokens", 200)),
+        cfg.get("temperature", 1.0), cfg.get("top_k"), cfg.get("top_p"), generator=generator,
+    )  # fmt: skip
+    print(text)
+    return {}
