@@ -1,19 +1,29 @@
 """zoo's command line: `python run.py model=vit`, `python run.py -m model=gpt attention=full,local`.
 
 Thin by design: Hydra composes conf/, zoo.pipeline does the work and returns the metric named by
-`optimized_metric` (what sweepers minimise or maximise).
+`optimized_metric` (what sweepers minimise or maximise). zoo.cli checks the command line first, plans a
+resume (`auto_resume=<run dir>`), and reports bad input as one line.
 """
+
+import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from zoo.pipeline import main as run_pipeline
+from zoo.cli import prepare_arguments, reporting_errors, run_task
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    return run_pipeline(cfg)
+    return run_task(cfg)
+
+
+def cli() -> None:
+    """`python run.py ...`: check the command line, then Hydra; bad input exits 2 with one line."""
+    with reporting_errors():
+        sys.argv[1:] = prepare_arguments(sys.argv[1:])
+        main()
 
 
 if __name__ == "__main__":
-    main()
+    cli()
