@@ -14,7 +14,10 @@ Causal self-attention, B=1, H=4, head dim 64 (model dim 256), fp32, sequence len
 
 Time: median of interleaved repeats (every round runs each row once, in rotating order), so that
 load from other processes on the shared machine hits all rows alike; forward under no_grad, and
-forward + backward (gradients of inputs and weights). Peak memory: the high-water mark of bytes
+forward + backward (gradients of inputs and weights). `--timer wall` (default) measures wall-clock
+time; on a heavily shared machine `--threads 1 --timer thread` measures the CPU time of the one
+computing thread (time.thread_time: ops and autograd run inline in it), which time spent waiting for
+a core does not inflate. Peak memory: the high-water mark of bytes
 allocated during the call and not yet freed, from the PyTorch profiler's allocator events
 (profile_memory=True: every CPU tensor allocation and free, including those inside kernels), minus
 nothing that existed before the call; on CUDA, torch.cuda.max_memory_allocated over the call.
@@ -88,14 +91,14 @@ def forward_backward(fn: Callable, x: torch.Tensor) -> None:
     x.grad = None
 
 
-def timed(step: Callable, fn: Callable, x: torch.Tensor, device: torch.device) -> float:
+def timed(step: Callable, fn: Callable, x: torch.Tensor, device: torch.device, clock: Callable[[], float]) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start = clock()
     step(fn, x)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def peak_bytes(step: Callable, fn: Callable, x: torch.Tensor, device: torch.device) -> int:
@@ -131,8 +134,12 @@ def rounds_for(length: int, quick: bool) -> int:
     return 9 if quick else 15
 
 
-def measure(device: torch.device, lengths: list[int], quick: bool, log: Callable[[str], None]) -> list[dict]:
+def measure(
+    device: torch.device, lengths: list[int], quick: bool, clock: Callable[[], float], log: Callable[[str], None]
+) -> list[dict]:
     rows = build_rows(device)
+    if device.type != "cpu":
+        clock = time.perf_counter  # kernels run asynchronously on other devices: wall clock after a sync
     results = []
     for length in lengths:
         record = {name: {"device": device.type, "length": length, "variant": name} for name in ROWS}
@@ -146,7 +153,7 @@ def measure(device: torch.device, lengths: list[int], quick: bool, log: Callable
             for round_index in range(rounds_for(length, quick)):
                 order = ROWS[round_index % len(ROWS) :] + ROWS[: round_index % len(ROWS)]
                 for name in order:
-                    times[name].append(timed(step, rows[name], inputs[name], device))
+                    times[name].append(timed(step, rows[name], inputs[name], device, clock))
             for name in ROWS:
                 record[name][f"{mode}_ms"] = 1e3 * statistics.median(times[name])
         for name in ROWS:
@@ -230,22 +237,25 @@ def targets(results: list[dict], device: str) -> list[str]:
         "- local memory grows linearly in n (peak MiB ratio per doubling, forward+backward): "
         + ", ".join(f"{m}: {r:.2f}" for m, r in growth)
     )
-    doubling = [(m, r) for m, r in per_doubling(results, device, "linear", "forward_ms") if m >= 1024]
-    worst = max(r for _, r in doubling) if doubling else float("nan")
-    lines.append(
-        f"- linear <= 2.2x time per doubling of n (forward, n >= 1024): worst {worst:.2f}x ({verdict(worst <= 2.2)}); "
-        + ", ".join(f"{m}: {r:.2f}" for m, r in doubling)
-    )
+    for mode, label in (("forward", "forward"), ("train", "forward+backward")):
+        doubling = [(m, r) for m, r in per_doubling(results, device, "linear", f"{mode}_ms") if m >= 1024]
+        worst = max(r for _, r in doubling) if doubling else float("nan")
+        lines.append(
+            f"- linear <= 2.2x time per doubling of n ({label}, n >= 1024): worst {worst:.2f}x "
+            f"({verdict(worst <= 2.2)}); " + ", ".join(f"{m}: {r:.2f}" for m, r in doubling)
+        )
     return lines
 
 
-def write_markdown(results: list[dict], info: dict[str, str], path: Path, quick: bool) -> None:
+def write_markdown(results: list[dict], info: dict[str, str], path: Path, quick: bool, note: str = "") -> None:
     lines = ["# Attention benchmark", ""]
     lines.append(
         f"Causal self-attention, B=1, H={HEADS}, head dim {HEAD_DIM}, fp32; local window {WINDOW}. "
         f"Median of interleaved repeats{' (--quick)' if quick else ''}. "
         "Written by `experiments/attention_benchmark.py`."
     )
+    if note:
+        lines += ["", note]
     lines += ["", "| | |", "|---|---|"] + [f"| {key} | {value} |" for key, value in info.items()]
     lines += [
         "",
@@ -313,20 +323,31 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="lengths up to 8192 and fewer repeats")
     parser.add_argument("--lengths", type=int, nargs="*", help="override the sequence lengths")
     parser.add_argument("--out", type=Path, default=RESULTS, help="output folder")
+    parser.add_argument("--note", default="", help="a remark for the markdown report (e.g. machine load)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice, the core count)")
+    parser.add_argument(
+        "--timer", choices=["wall", "thread"], default="wall", help="wall clock, or CPU time of the calling thread"
+    )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.timer == "thread" and torch.get_num_threads() != 1:
+        parser.error("--timer thread measures one thread: use it with --threads 1")
+    clock = time.thread_time if args.timer == "thread" else time.perf_counter
     lengths = args.lengths or [256 * 2**i for i in range(6 if args.quick else 8)]
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     info = machine_info()
+    info["timer"] = "CPU time of the computing thread (time.thread_time)" if args.timer == "thread" else "wall clock"
     print(" | ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
     results = []
     for device in devices:
-        results += measure(device, lengths, args.quick, lambda line: print(line, flush=True))
+        results += measure(device, lengths, args.quick, clock, lambda line: print(line, flush=True))
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "attention_benchmark.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(results[0]))
         writer.writeheader()
         writer.writerows(results)
-    write_markdown(results, info, args.out / "attention_benchmark.md", args.quick)
+    write_markdown(results, info, args.out / "attention_benchmark.md", args.quick, args.note)
     plot(results, args.out / "attention_benchmark.png")
     for device in sorted({r["device"] for r in results}):
         print("\n".join(targets(results, device)))

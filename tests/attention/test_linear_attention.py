@@ -86,3 +86,12 @@ def test_linear_module_trains_a_step() -> None:
     x = torch.randn(2, 20, 16)
     module(x).pow(2).mean().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in module.parameters())
+
+
+def test_feature_map_is_elu_plus_one_with_its_gradient() -> None:
+    x = torch.linspace(-6, 6, 1001, dtype=torch.float64).requires_grad_()
+    y = elu_feature_map(x)
+    torch.testing.assert_close(y, nn.functional.elu(x) + 1)
+    assert torch.autograd.gradcheck(elu_feature_map, (x[::50].detach().clone().requires_grad_(),))
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(grad, torch.where(x > 0, 1.0, x.exp()).detach())

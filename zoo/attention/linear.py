@@ -23,10 +23,29 @@ EPS = 1e-6  # added to the normaliser, as in the paper's code
 DEFAULT_CHUNK_SIZE = 64
 
 
+class _EluPlusOne(torch.autograd.Function):
+    """elu(x) + 1 = exp(min(x, 0)) + max(x, 0), and its derivative min(elu(x) + 1, 1): exp(x) below
+    zero, 1 above. Measured ~9x faster than F.elu(x) + 1 forward and ~4x backward on the 2-core CPU."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        # Contiguous output (x is often a strided view of the fused projection), and as few fresh
+        # allocations as possible: on the CPU each large one costs page faults.
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+        negative_part = y.clamp(max=0.0).exp_()
+        y.clamp_(min=0.0).add_(negative_part)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return y.clamp(max=1.0).mul_(grad)
+
+
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
-    """phi(x) = elu(x) + 1 > 0 (Katharopoulos et al. 2020, eq. 7), written exp(min(x, 0)) + max(x, 0):
-    the same function, ~9x faster than F.elu on the 2-core CPU."""
-    return torch.exp(x.clamp(max=0.0)) + x.clamp(min=0.0)
+    """phi(x) = elu(x) + 1 > 0 (Katharopoulos et al. 2020, eq. 7)."""
+    return _EluPlusOne.apply(x)
 
 
 def _features(
@@ -104,14 +123,14 @@ def causal_linear_attention(
     if padded != length:  # zero features: padding contributes nothing, its outputs are dropped
         pad = (0, 0, 0, padded - length)
         phi_q, phi_k, values = F.pad(phi_q, pad), F.pad(phi_k, pad), F.pad(values, pad)
-    q_chunks = phi_q.reshape(batch, heads, n_chunks, chunk, dim)
-    k_chunks = phi_k.reshape(batch, heads, n_chunks, chunk, dim)
-    v_chunks = values.reshape(batch, heads, n_chunks, chunk, width)
+    # (B * H * nc, C, .): the chunks as one batch of small matrices.
+    q_chunks = phi_q.reshape(-1, chunk, dim)
+    k_chunks = phi_k.reshape(-1, chunk, dim)
+    v_chunks = values.reshape(-1, chunk, width)
     # Inside a chunk: the quadratic form with a causal mask, (C, C) per chunk.
-    scores = (q_chunks @ k_chunks.transpose(-2, -1)).tril()
-    out = scores @ v_chunks  # (B, H, nc, C, E)
+    scores = torch.bmm(q_chunks, k_chunks.transpose(1, 2)).tril_()
     # Across chunks: each chunk's phi(K)^T [V | 1], summed over all earlier chunks.
-    chunk_states = k_chunks.transpose(-2, -1) @ v_chunks  # (B, H, nc, D, E)
+    chunk_states = torch.bmm(k_chunks.transpose(1, 2), v_chunks).view(batch, heads, n_chunks, dim, width)
     sum_dtype = torch.promote_types(chunk_states.dtype, torch.float32)  # long sums in fp32 also for bf16
     inclusive = chunk_states.cumsum(dim=2, dtype=sum_dtype)
     exclusive = torch.cat([torch.zeros_like(inclusive[:, :, :1]), inclusive[:, :, :-1]], dim=2)
@@ -119,7 +138,8 @@ def causal_linear_attention(
     if state is not None:
         exclusive = exclusive + state[:, :, None]
         final = final + state
-    out = out + q_chunks @ exclusive.to(q_chunks.dtype)
+    exclusive = exclusive.to(phi_q.dtype).reshape(-1, dim, width)
+    out = torch.bmm(scores, v_chunks).baddbmm_(q_chunks, exclusive)  # intra + inter, (B * H * nc, C, E)
     return out.reshape(batch, heads, padded, width)[:, :, :length], final
 
 
