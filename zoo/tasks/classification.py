@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 import torchmetrics
 
+from zoo.logging_utils import confusion_matrix_figure, log_image, wants_media
 from zoo.models.vit import ViT, ViTConfig, vit_from_pretrained
 from zoo.tasks.base import ZooTask
 
@@ -63,3 +64,10 @@ class ImageClassificationTask(ZooTask):
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self._step(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        confusion = self.test_confusion.compute()  # summed over all ranks: every rank must call it
+        self.test_confusion.reset()
+        if wants_media(self):
+            names = getattr(self.trainer.datamodule, "classes", None) or None
+            log_image(self, "test/confusion_matrix", confusion_matrix_figure(confusion, names))

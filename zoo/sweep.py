@@ -1,0 +1,246 @@
+"""Hydra sweeps (`python run.py -m ...`, `hparams_search=<model>_optuna`): failed trials, summary table.
+
+- A trial that fails (an exception, or an optimized metric that is missing or not finite) is recorded
+  in its job directory (`failure.txt`) and returns None: the grid goes on, and Optuna marks the trial
+  FAIL and samples the next one (conf/hparams_search/*: max_failure_rate 1.0).
+- `SweepSummary` (a Hydra callback, conf/hydra/default.yaml) writes `job.json` into every job directory
+  and, at the end, prints one table (job, overrides, optimized metric) and saves it as `summary.csv`
+  in the sweep directory. It reads the job files, so it works with every launcher (basic, joblib, SLURM).
+- `SweepJobs` (also a Hydra callback) lets `${hydra:...}` resolve in the sweep directory's name, and a
+  sweep job train with DDP: Lightning restarts the script for ranks > 0 with the original command line,
+  which for a sweep is the whole sweep again.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, read_write
+
+from zoo.cli import one_line, user_error_message
+
+log = logging.getLogger("zoo")
+
+FAILURE_FILE = "failure.txt"
+JOB_FILE = "job.json"
+SUMMARY_FILE = "summary.csv"
+
+
+def is_multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _job_dir() -> Path:
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+def trial_failed(error: BaseException) -> None:
+    """Record a sweep job's exception (full traceback in the job log, one line in failure.txt); the sweep goes on."""
+    message = user_error_message(error) or f"{type(error).__name__}: {one_line(str(error))}".rstrip(": ")
+    log.error("trial failed, the sweep goes on: %s\n%s", message, "".join(traceback.format_exception(error)))
+    (_job_dir() / FAILURE_FILE).write_text(message + "\n")
+    return None
+
+
+def trial_objective(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
+    """The value a sweeper optimises: metrics[cfg.optimized_metric], or None (a failed trial) when that
+    metric was not logged or is not finite (a diverged run must not win, nor crash Optuna with NaN)."""
+    name = cfg.get("optimized_metric")
+    if not name:
+        return None
+    value = metrics.get(name)
+    if value is None:
+        message = f"optimized_metric {name!r} was not logged; logged metrics: {sorted(metrics)}"
+    elif not math.isfinite(value):
+        message = f"optimized_metric {name!r} is {value}"
+    else:
+        return value
+    log.error("trial failed, the sweep goes on: %s", message)
+    (_job_dir() / FAILURE_FILE).write_text(message + "\n")
+    return None
+
+
+class SweepSummary(Callback):
+    """Per job: `job.json` (job, overrides, metric, value, status, error). After the sweep: the table."""
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        job_dir = Path(config.hydra.runtime.output_dir)
+        record: dict[str, Any] = {
+            "job": int(config.hydra.job.num),
+            "overrides": list(job_return.overrides or []),
+            "metric": config.get("optimized_metric"),
+            "value": None,
+            "status": "completed",
+            "error": None,
+        }
+        if job_return.status == JobStatus.FAILED:
+            error = job_return._return_value
+            record.update(status="failed", error=f"{type(error).__name__}: {error}".splitlines()[0])
+        else:
+            value = job_return.return_value
+            record["value"] = float(value) if isinstance(value, (int, float)) else None
+            failure = job_dir / FAILURE_FILE
+            if failure.is_file():
+                record.update(status="failed", error=failure.read_text().strip())
+        job_dir.mkdir(parents=True, exist_ok=True)
+        (job_dir / JOB_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        records = sorted(
+            (json.loads(path.read_text()) for path in sweep_dir.glob(f"**/{JOB_FILE}")),
+            key=lambda record: record["job"],
+        )
+        if not records:
+            return
+        mode = (config.get("model_metric") or {}).get("mode", "min")
+        write_summary_csv(records, sweep_dir / SUMMARY_FILE)
+        print_summary(records, mode, sweep_dir)
+
+
+def varying_overrides(records: list[dict[str, Any]]) -> list[list[str]]:
+    """Each job's overrides without those every job shares (the sweep's fixed settings)."""
+    if len(records) < 2:
+        return [record["overrides"] for record in records]
+    shared = set.intersection(*(set(record["overrides"]) for record in records))
+    return [[o for o in record["overrides"] if o not in shared] for record in records]
+
+
+def best_job(records: list[dict[str, Any]], mode: str) -> int | None:
+    scored = [r for r in records if r["status"] == "completed" and r["value"] is not None]
+    if not scored:
+        return None
+    pick = max if mode == "max" else min
+    return pick(scored, key=lambda r: r["value"])["job"]
+
+
+def write_summary_csv(records: list[dict[str, Any]], path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["job", "status", "metric", "value", "overrides", "error"])
+        for record in records:
+            value = "" if record["value"] is None else repr(record["value"])
+            writer.writerow(
+                [
+                    record["job"],
+                    record["status"],
+                    record["metric"] or "",
+                    value,
+                    " ".join(record["overrides"]),
+                    record["error"] or "",
+                ]
+            )
+
+
+def print_summary(records: list[dict[str, Any]], mode: str, sweep_dir: Path) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    metric = next((r["metric"] for r in records if r["metric"]), None) or "value"
+    best = best_job(records, mode)
+    failed = sum(record["status"] == "failed" for record in records)
+    title = escape(f"sweep: {len(records)} jobs, {failed} failed ({mode} {metric})")
+    table = Table(title=title, title_justify="left")
+    table.add_column("job", justify="right")
+    table.add_column("overrides")
+    table.add_column(escape(metric), justify="right")
+    if failed:
+        table.add_column("error", overflow="fold")
+    for record, overrides in zip(records, varying_overrides(records)):
+        overrides = [escape(override) for override in overrides]
+        if record["status"] == "failed":
+            value = "[red]failed[/red]"
+        elif record["value"] is None:
+            value = "-"
+        else:
+            value = f"{record['value']:.4f}" + (" [bold green]*best[/bold green]" if record["job"] == best else "")
+        row = [str(record["job"]), " ".join(overrides) or "(none)", value]
+        table.add_row(*row, *([escape(record["error"] or "")] if failed else []))
+    console = Console(width=max(120, Console().width))
+    console.print(table)
+    console.print(f"saved {sweep_dir / SUMMARY_FILE}")
+
+
+class SweepJobs(Callback):
+    """Makes a sweep's settings resolvable and lets its jobs train with DDP.
+
+    - Before the sweeper starts, HydraConfig is set, so `${hydra:...}` interpolations (paths.root_dir,
+      task_name) resolve in hydra.sweep.dir; Hydra itself sets it only inside each job.
+    - Lightning starts DDP ranks > 0 as `python <script> <sys.argv[1:]> hydra.run.dir=<HydraConfig run.dir>`.
+      In a sweep both are wrong: the arguments are the whole sweep (-m, a,b,c) and run.dir is not the
+      job's directory. For the job's duration, sys.argv becomes the job's own overrides in run mode and
+      run.dir the job directory. When the job ends, both are restored, the job's process group is destroyed
+      and Lightning's DDP environment variables are reset, so the next job of the sweep starts its own.
+    """
+
+    # Hydra options (not overrides) that must reach the restarted script: the config it composes.
+    CONFIG_OPTIONS = ("-cp", "-cn", "-cd", "--config-path", "--config-name", "--config-dir")
+
+    # Set in this process by Lightning's DDP launcher; left behind, the next job would think that someone
+    # else started its processes (LOCAL_RANK) and wait forever for ranks that never come.
+    DISTRIBUTED_ENV = (
+        "LOCAL_RANK",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    )
+
+    def __init__(self) -> None:
+        self._argv: list[str] | None = None
+        self._environ: dict[str, str | None] = {}
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        HydraConfig.instance().set_config(config)
+        OmegaConf.set_readonly(config.hydra, None)  # set_config makes it read-only; sweepers may still write
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        self._argv = list(sys.argv)
+        self._environ = {name: os.environ.get(name) for name in self.DISTRIBUTED_ENV}
+        options = []
+        args = iter(sys.argv[1:])
+        for arg in args:
+            if arg in self.CONFIG_OPTIONS:
+                options += [arg, next(args, "")]
+            elif arg.split("=", 1)[0] in self.CONFIG_OPTIONS:
+                options.append(arg)
+        overrides = [str(override) for override in config.hydra.overrides.task]
+        sys.argv = [sys.argv[0], *options, *overrides, "hydra.mode=RUN"]
+        run = HydraConfig.instance().cfg.hydra.run
+        with read_write(run):
+            run.dir = str(config.hydra.runtime.output_dir)
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if self._argv is not None:
+            sys.argv = self._argv
+            self._argv = None
+        for name, value in self._environ.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._environ = {}
+        # The next job in this process starts its own process group: the last one's peers have exited.
+        distributed = sys.modules.get("torch.distributed")
+        if distributed is not None and distributed.is_available() and distributed.is_initialized():
+            distributed.destroy_process_group()
