@@ -1,0 +1,123 @@
+"""logger=wandb: offline without an API key (no network), run name/group from the config, and an offline run
+directory that holds the metrics, learning rate, gradient norms, config and media the run logged."""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import compose_config, run_cli
+from zoo.logging_utils import wandb_api_key_available, wandb_logger, wandb_mode
+
+NO_KEY = {"WANDB_API_KEY": "", "WANDB_MODE": "", "NETRC": "/nonexistent/netrc"}
+
+
+def wandb_records(path: Path) -> list[Any]:
+    """The protobuf records of a .wandb file (a LevelDB-style log: 32 KiB blocks of CRC | length | type | data
+    chunks after a 7-byte ':W&B' header); wandb 0.2x+ ships no Python reader for it."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
+    block, position, pending, records = 32768, 7, b"", []
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # a block's tail too short for a header is padding
+            position += block - position % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # FULL or LAST chunk: a record is complete
+            records.append(wandb_internal_pb2.Record.FromString(pending))
+            pending = b""
+    return records
+
+
+def test_mode_follows_wandb_mode_then_the_api_key(tmp_path: Path) -> None:
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password 0123456789abcdef\n")
+    assert wandb_mode(NO_KEY) == "offline"
+    assert wandb_mode({**NO_KEY, "WANDB_API_KEY": "k" * 40}) == "online"
+    assert wandb_mode({**NO_KEY, "NETRC": str(netrc)}) == "online"
+    assert wandb_api_key_available({**NO_KEY, "NETRC": str(netrc)})
+    assert wandb_mode({**NO_KEY, "WANDB_API_KEY": "k" * 40, "WANDB_MODE": "offline"}) == "offline"
+    assert wandb_mode({**NO_KEY, "WANDB_MODE": "disabled"}) == "disabled"
+
+
+def test_logger_goes_offline_without_a_key_and_names_the_run_after_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name, value in NO_KEY.items():
+        monkeypatch.setenv(name, value)
+    run_dir = tmp_path / "vit" / "2026-01-02_03-04-05"
+    with caplog.at_level(logging.INFO):
+        logger = wandb_logger(save_dir=str(run_dir), project="zoo", group="vit", tags=["a"], log_model=True)
+    assert logger._offline is True
+    assert logger._log_model is False  # artifacts need the network: dropped with a warning
+    assert logger._wandb_init["name"] == "2026-01-02_03-04-05"
+    assert logger._wandb_init["group"] == "vit"
+    assert logger._wandb_init["tags"] == ["a"]
+    assert "wandb sync" in caplog.text and "no W&B API key found" in caplog.text
+
+
+def test_wandb_config_composes_from_the_run_config(tmp_path: Path) -> None:
+    cfg = compose_config(["model=vit", "logger=wandb", "tags=[baseline]"], tmp_path)
+    assert cfg.logger.wandb._target_ == "zoo.logging_utils.wandb_logger"
+    assert cfg.logger.wandb.group == "vit"
+    assert list(cfg.logger.wandb.tags) == ["baseline"]
+    assert cfg.logger.wandb.save_dir == str(tmp_path)
+    assert cfg.callbacks.gradient_norm._target_ == "zoo.logging_utils.GradientNormMonitor"
+    assert "model_checkpoint" in cfg.callbacks  # the default callbacks stay
+
+
+@pytest.mark.slow
+def test_offline_run_logs_metrics_lr_gradient_norms_config_and_media(tmp_outputs: Path) -> None:
+    result = run_cli(
+        [
+            "model=vit",
+            "logger=wandb",
+            "model.net.dim=16",
+            "model.net.depth=1",
+            "model.net.num_heads=2",
+            "model.net.mlp_dim=32",
+            "trainer.max_epochs=1",
+            "trainer.limit_train_batches=3",
+            "trainer.limit_val_batches=1",
+            "trainer.limit_test_batches=1",
+            "trainer.log_every_n_steps=1",
+            "callbacks.rich_progress_bar=null",
+            "tags=[smoke]",
+            f"paths.log_dir={tmp_outputs}",
+        ],
+        env=NO_KEY,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "no W&B API key found" in output and "wandb sync" in output
+    (run_dir,) = (tmp_outputs / "vit").iterdir()
+    (run_file,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    records = wandb_records(run_file)
+    kinds = [record.WhichOneof("record_type") for record in records]
+    history = {
+        item.key or "/".join(item.nested_key) for r in records if r.HasField("history") for item in r.history.item
+    }
+    for key in ("train/loss_step", "val/acc", "test/acc", "grad_norm/total", "trainer/global_step"):
+        assert key in history, f"{key} not logged; logged: {sorted(history)}"
+    assert any(key.startswith("lr-AdamW") for key in history), sorted(history)  # LearningRateMonitor
+    assert "test/confusion_matrix/_type" in history  # an image entry, its PNG stored with the run
+    assert list((run_file.parent / "files" / "media" / "images").rglob("*.png"))
+    (run,) = [r.run for r in records if r.HasField("run")]
+    assert run.run_group == "vit" and run.display_name == run_dir.name and list(run.tags) == ["smoke"]
+    config = {
+        item.key: json.loads(item.value_json) for r in records if r.HasField("config") for item in r.config.update
+    }
+    config.update({item.key: json.loads(item.value_json) for item in run.config.update})
+    assert config["model"]["net"]["dim"] == 16  # the resolved run config
+    assert config["data"]["_target_"].endswith("DigitsDataModule")
+    assert "hydra" not in config
+    assert "exit" in kinds or "final" in kinds or "footer" in kinds  # the run was closed, not cut off
