@@ -12,8 +12,9 @@ Causal self-attention, B=1, H=4, head dim 64 (model dim 256), fp32, sequence len
     local      variant local, window 256
     linear     variant linear (Katharopoulos et al. 2020)
 
-Time: median of interleaved repeats (every round runs each row once, in rotating order), so that
-load from other processes on the shared machine hits all rows alike; forward under no_grad, and
+Time: median of interleaved repeats (every round runs each row once, in rotating order, then rows
+under 30% of the slowest one get twice as many extra rounds among themselves), so that load from
+other processes on the shared machine hits all rows alike; forward under no_grad, and
 forward + backward (gradients of inputs and weights). `--timer wall` (default) measures wall-clock
 time; on a heavily shared machine `--threads 1 --timer thread` measures the CPU time of the one
 computing thread (time.thread_time: ops and autograd run inline in it), which time spent waiting for
@@ -150,9 +151,17 @@ def measure(
                     step(rows[name], inputs[name])
                 record[name][f"{mode}_peak_mib"] = peak_bytes(step, rows[name], inputs[name], device) / 2**20
             times: dict[str, list[float]] = {name: [] for name in ROWS}
-            for round_index in range(rounds_for(length, quick)):
+            rounds = rounds_for(length, quick)
+            for round_index in range(rounds):
                 order = ROWS[round_index % len(ROWS) :] + ROWS[: round_index % len(ROWS)]
                 for name in order:
+                    times[name].append(timed(step, rows[name], inputs[name], device, clock))
+            # Rows much cheaper than the slowest get twice as many extra rounds (still interleaved
+            # among themselves): a steadier median at a small cost.
+            slowest = max(statistics.median(t) for t in times.values())
+            cheap = [name for name in ROWS if statistics.median(times[name]) < 0.3 * slowest]
+            for _ in range(2 * rounds if len(cheap) > 1 else 0):
+                for name in cheap:
                     times[name].append(timed(step, rows[name], inputs[name], device, clock))
             for name in ROWS:
                 record[name][f"{mode}_ms"] = 1e3 * statistics.median(times[name])
