@@ -88,6 +88,12 @@ def test_digit_captions_name_the_class_of_their_image() -> None:
     assert len(datamodule.test_set) == 360
 
 
+def test_prompts_longer_than_max_length_are_an_error_not_a_lost_class_name() -> None:
+    datamodule = digits_captions(max_length=6)
+    with pytest.raises(DataError, match="'a photo of the number 0.' is longer than data.max_length=6"):
+        datamodule.setup()
+
+
 def test_labelled_captions_reject_disagreeing_image_size() -> None:
     with pytest.raises(DataError, match="data.image_size=16 disagrees with data.images.image_size=8"):
         digits_captions(image_size=16)

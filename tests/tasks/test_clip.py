@@ -30,7 +30,7 @@ from zoo.tasks.clip_evaluation import retrieval_metrics, similarity_figure, zero
 NET = {
     "embed_dim": 16,
     "image": {"image_size": 8, "patch_size": 2, "in_channels": 1, "dim": 32, "depth": 1, "num_heads": 2},
-    "text": {"vocab_size": 320, "context_length": 16, "dim": 32, "depth": 1, "num_heads": 2},
+    "text": {"vocab_size": 320, "context_length": 32, "dim": 32, "depth": 1, "num_heads": 2},
     "attention": {"variant": "full"},
 }
 TEMPLATES = ["a photo of the number {label}.", "the digit {label}."]
@@ -39,7 +39,7 @@ TEMPLATES = ["a photo of the number {label}.", "the digit {label}."]
 def digits_captions(tokenizer: str = "bpe") -> LabelledCaptionDataModule:
     images = DigitsDataModule(image_size=8, in_channels=1, augment=False)
     return LabelledCaptionDataModule(images, TEMPLATES, batch_size=64, eval_batch_size=128, tokenizer=tokenizer,
-                                     vocab_size=320, max_length=16)  # fmt: skip
+                                     vocab_size=320, max_length=32)  # fmt: skip
 
 
 def test_zero_shot_classifier_is_the_renormalised_mean_of_template_embeddings() -> None:

@@ -198,10 +198,16 @@ class CaptionDataModule(L.LightningDataModule):
             self.tokenizer = train_caption_tokenizer(
                 self.tokenizer_captions(), self.tokenizer_kind, self.vocab_size, self.max_length
             )
+            self.check_captions_fit()
 
     def use_tokenizer(self, tokenizer: Tokenizer) -> None:
         """Tokenize with `tokenizer` (a checkpoint's, or a pretrained model's) instead of training one."""
         self.tokenizer = prepare_caption_tokenizer(tokenizer, self.max_length)
+        if self.train_set is not None:
+            self.check_captions_fit()
+
+    def check_captions_fit(self) -> None:
+        """Raise if truncation to max_length would cut captions that must stay whole (free captions may be cut)."""
 
     def zero_shot_prompts(self) -> list[list[str]]:
         """prompts[t][c]: every template filled with every class name; [] without classes."""
@@ -269,6 +275,15 @@ class LabelledCaptionDataModule(CaptionDataModule):
 
     def tokenizer_captions(self) -> list[str]:
         return [caption for row in fill_templates(self.templates, self.classes) for caption in row]
+
+    def check_captions_fit(self) -> None:
+        # A truncated prompt loses its end, often the class name: every filled template must fit.
+        captions = self.tokenizer_captions()
+        for caption, encoding in zip(captions, self.tokenizer.encode_batch(captions)):
+            if encoding.overflowing:
+                raise DataError(
+                    f"the caption {caption!r} is longer than data.max_length={self.max_length} tokens; raise it"
+                )
 
 
 class CaptionFileDataModule(CaptionDataModule):

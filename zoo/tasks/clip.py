@@ -69,12 +69,12 @@ class CLIPTask(ZooTask):
         self.prompts = datamodule.zero_shot_prompts()
         if self.prompts and not hasattr(self, "val_top1"):
             num_classes = len(self.prompts[0])
-            for stage in ("val", "test"):
+            for split in ("val", "test"):
                 for k in (1, 5):
                     metric = torchmetrics.Accuracy(
                         task="multiclass", num_classes=num_classes, top_k=min(k, num_classes)
                     )
-                    setattr(self, f"{stage}_top{k}", metric)
+                    setattr(self, f"{split}_top{k}", metric)
         if not self.prompts:
             for callback in self.trainer.checkpoint_callbacks:
                 if "zero_shot" in str(getattr(callback, "monitor", "")):
