@@ -203,7 +203,7 @@ def confusion_matrix_figure(confusion: Any, class_names: Sequence[str] | None = 
 
 # -- gradient norms -------------------------------------------------------------------------------
 class GradientNormMonitor(L.Callback):
-    """Logs the L2 norm of all gradients (`grad_norm/total`), before clipping, every `log_every_n_steps`;
+    """Logs the L2 norm of all gradients (`grad_norm/total`), before clipping, on the steps the loggers write;
     with `group_depth` > 0 also one norm per module group, e.g. depth 3: `grad_norm/net.blocks.0`.
 
     A growing or spiking total norm is the usual first sign of a too-high learning rate."""
@@ -215,7 +215,9 @@ class GradientNormMonitor(L.Callback):
         self.norm_type = float(norm_type)
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
-        if trainer.global_step % max(1, trainer.log_every_n_steps) != 0:
+        # Lightning's own rule for when step values reach the loggers: computed on other steps they would be
+        # held back and written later under the wrong step.
+        if not trainer._logger_connector.should_update_logs:
             return
         groups: dict[str, list[torch.Tensor]] = {}
         for name, parameter in pl_module.named_parameters():
