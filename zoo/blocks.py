@@ -126,17 +126,31 @@ class TransformerBlock(nn.Module):
         context_padding_mask: torch.Tensor | None = None,
         cache: dict[str, Any] | None = None,
         positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """x (B, T, C); context (B, S, C) for cross-attention; masks (B, T) / (B, S) bool, True = pad."""
+        need_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """x (B, T, C); context (B, S, C) for cross-attention; masks (B, T) / (B, S) bool, True = pad.
+
+        With need_weights, also returns the attention probabilities {"self": (B, H, T, T), "cross":
+        (B, H, T, S)} (slower: for inspection, e.g. alignment plots).
+        """
         self_cache = cache["self"] if cache is not None else None
+        weights: dict[str, torch.Tensor] = {}
 
         def self_attention(h: torch.Tensor) -> torch.Tensor:
-            h = self.self_attn(h, key_padding_mask=key_padding_mask, cache=self_cache, positions=positions)
+            h = self.self_attn(
+                h, key_padding_mask=key_padding_mask, cache=self_cache, positions=positions, need_weights=need_weights
+            )
+            if need_weights:
+                h, weights["self"] = h
             return self.drop_path(self.dropout1(h))
 
         def cross_attention(h: torch.Tensor) -> torch.Tensor:
             cross_cache = cache["cross"] if cache is not None else None
-            h = self.cross_attn(h, context, key_padding_mask=context_padding_mask, cache=cross_cache)
+            h = self.cross_attn(
+                h, context, key_padding_mask=context_padding_mask, cache=cross_cache, need_weights=need_weights
+            )
+            if need_weights:
+                h, weights["cross"] = h
             return self.drop_path(self.dropout_cross(h))
 
         def feed_forward(h: torch.Tensor) -> torch.Tensor:
@@ -152,4 +166,4 @@ class TransformerBlock(nn.Module):
             if self.cross_attn is not None:
                 x = self.norm_cross(x + cross_attention(x))
             x = self.norm2(x + feed_forward(x))
-        return x
+        return (x, weights) if need_weights else x

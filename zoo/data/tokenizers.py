@@ -26,15 +26,23 @@ def train_char_tokenizer(texts: Iterable[str], special_tokens: tuple[str, ...] =
 
 
 def train_bpe_tokenizer(
-    texts: Iterable[str], vocab_size: int, special_tokens: tuple[str, ...] = SPECIAL_TOKENS, min_frequency: int = 2
+    texts: Iterable[str],
+    vocab_size: int,
+    special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
+    min_frequency: int = 2,
+    add_prefix_space: bool = False,
 ) -> Tokenizer:
-    """Byte-level BPE (GPT-2 style, Radford et al. 2019): never an unknown character."""
+    """Byte-level BPE (GPT-2 style, Radford et al. 2019): never an unknown character.
+
+    add_prefix_space: treat each text as if it began with a space, so a sentence's first word gets the
+    same tokens as anywhere else (for sentence-level data such as translation; decode, then strip).
+    """
     if vocab_size <= 256 + len(special_tokens):
         raise ValueError(
             f"data.vocab_size must exceed {256 + len(special_tokens)} for byte-level BPE, got {vocab_size}"
         )
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(

@@ -1,0 +1,131 @@
+"""The translation task: label-smoothed loss, BLEU, learning a toy task, checkpoints, mode=translate."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.helpers import run_cli
+from zoo.data.parallel import ParallelTextDataModule, decode_ids, encode_sources, pad_sequences
+from zoo.models.translation import beam_search
+from zoo.tasks.translation import TranslationTask, corpus_bleu, label_smoothed_cross_entropy, load_translator
+
+NET = dict(
+    vocab_size=300, dim=64, encoder_layers=2, decoder_layers=2, num_heads=4, mlp_dim=128, dropout=0.0, max_len=32
+)
+
+
+def test_label_smoothed_loss_matches_the_formula_and_ignores_padding() -> None:
+    torch.manual_seed(0)
+    logits, targets = torch.randn(2, 5, 11), torch.randint(1, 11, (2, 5))
+    targets[1, 3:] = 0  # padding
+    loss, nll = label_smoothed_cross_entropy(logits, targets, smoothing=0.1, pad_id=0)
+    logprobs = F.log_softmax(logits, dim=-1)[targets != 0]
+    real = targets[targets != 0]
+    smoothed = torch.full_like(logprobs, 0.1 / 11).scatter_add_(1, real[:, None], torch.full((len(real), 1), 0.9))
+    torch.testing.assert_close(loss, -(smoothed * logprobs).sum(-1).mean())
+    torch.testing.assert_close(nll, -logprobs.gather(1, real[:, None]).mean())
+
+
+def test_bleu_is_sacrebleu_on_detokenized_text() -> None:
+    references = ["A man rides a bike.", "Two dogs play in the snow."]
+    assert corpus_bleu(references, references) == pytest.approx(100.0)
+    assert corpus_bleu(["A man rides a horse.", "Two cats sleep."], references) < 50.0
+
+
+def reverse_task_files(folder: Path, seed: int = 0) -> dict[str, str]:
+    """Sequences of letters and their reversal, one TSV per split: a toy task with an exact answer."""
+    rng = random.Random(seed)
+    letters = "abcdefgh"
+    files = {}
+    for split, size in (("train", 3000), ("val", 60), ("test", 60)):
+        lines = []
+        for _ in range(size):
+            words = [rng.choice(letters) for _ in range(rng.randint(3, 7))]
+            lines.append(f"{' '.join(words)}\t{' '.join(reversed(words))}")
+        path = folder / f"{split}.tsv"
+        path.write_text("\n".join(lines) + "\n")
+        files[split] = str(path)
+    return files
+
+
+def test_learns_to_reverse_sequences_to_bleu_above_90(tmp_path: Path) -> None:
+    L.seed_everything(0, verbose=False)
+    data = ParallelTextDataModule(**reverse_task_files(tmp_path), vocab_size=300, max_tokens=256, max_length=32)
+    task = TranslationTask(
+        NET,
+        optimizer={"name": "adam", "lr": 2e-3, "betas": [0.9, 0.98]},
+        scheduler={"name": "inverse_sqrt", "warmup_steps": 50},
+        beam_size=3,
+        num_samples=2,
+    )
+    trainer = L.Trainer(
+        max_epochs=8,
+        limit_train_batches=60,
+        check_val_every_n_epoch=8,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(tmp_path),
+        callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)],
+    )
+    trainer.fit(task, datamodule=data)
+    assert trainer.callback_metrics["val/bleu"] > 90
+    metrics = trainer.test(task, datamodule=data, verbose=False)[0]
+    assert metrics["test/bleu"] > 90 and metrics["test/bleu_greedy"] > 90
+    assert (tmp_path / "alignments" / "test_epoch008.png").stat().st_size > 0
+    # The checkpoint carries the tokenizer: a fresh model translates with it (weights_only load).
+    net, tokenizer, hparams = load_translator(str(tmp_path / "ckpt" / "last.ckpt"))
+    assert hparams["beam_size"] == 3 and tokenizer.to_str() == data.tokenizer.to_str()
+    src = pad_sequences(encode_sources(tokenizer, ["a b c d", "h g f e d"]), 0)
+    assert [decode_ids(tokenizer, ids) for ids in beam_search(net, src, 3)] == ["d c b a", "d e f g h"]
+
+
+@pytest.mark.slow
+def test_cli_trains_on_numbers_then_translates_with_the_checkpoint(tmp_outputs: Path) -> None:
+    small = [
+        "model=translation",
+        "data.num_train=600",
+        "data.num_val=20",
+        "data.num_test=20",
+        "trainer.max_epochs=1",
+        "logger=csv",
+        f"paths.log_dir={tmp_outputs}",
+        "hydra.run.dir=" + str(tmp_outputs / "train"),
+    ]
+    result = run_cli(small)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_outputs / "train" / "metrics.json").read_text())
+    assert 0.0 <= metrics["test/bleu"] <= 100.0 and "test/bleu_greedy" in metrics and "val/bleu" in metrics
+    assert list((tmp_outputs / "train" / "alignments").glob("*.png"))
+    ckpt = tmp_outputs / "train" / "checkpoints" / "last.ckpt"
+    translate = [
+        "model=translation",
+        "mode=translate",
+        f"ckpt_path={ckpt}",
+        "text=dreihundertvierundzwanzig",
+        "hydra.run.dir=" + str(tmp_outputs / "translate"),
+    ]
+    result = run_cli(translate)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "dreihundertvierundzwanzig\n  -> " in result.stdout
+    assert (tmp_outputs / "translate" / "alignment.png").stat().st_size > 0
+    missing = run_cli(
+        [
+            "model=translation",
+            "mode=translate",
+            "ckpt_path=nowhere.ckpt",
+            "text=eins",
+            "hydra.run.dir=" + str(tmp_outputs / "missing"),
+        ]
+    )
+    assert missing.returncode != 0 and "nowhere.ckpt" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1

@@ -1,0 +1,279 @@
+"""Translation with the encoder-decoder Transformer: label-smoothed cross-entropy, BLEU, beam search.
+
+Training follows Vaswani et al. 2017 (section 5): Adam (0.9, 0.98), inverse-sqrt warmup schedule,
+label smoothing 0.1 (padding ignored). Validation decodes greedily (fast) for `val/bleu`; test decodes
+with beam search and greedily, both scored with sacrebleu on detokenized text against the raw
+references. A few sample translations and a cross-attention alignment heatmap are logged each epoch.
+
+`python run.py model=translation mode=translate ckpt_path=... text="Ein Mann fährt Fahrrad."`
+translates with a checkpoint (`translate` below).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from tokenizers import Tokenizer
+
+from zoo.data.errors import DataError
+from zoo.data.parallel import decode_ids, encode_sources, pad_sequences
+from zoo.data.tokenizers import BOS, EOS, PAD, tokenizer_from_string, tokenizer_to_string
+from zoo.models.translation import TranslationConfig, TranslationTransformer, beam_search, greedy_decode
+from zoo.pipeline import register_mode
+from zoo.tasks.base import ZooTask
+
+log = logging.getLogger("zoo")
+
+
+def label_smoothed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, smoothing: float, pad_id: int):
+    """Mean over non-padding tokens of the cross-entropy against (1 - eps) one-hot + eps uniform
+    (Szegedy et al. 2016), and the plain NLL for reporting. logits (B, T, V), targets (B, T)."""
+    logits, targets = logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1)
+    loss = F.cross_entropy(logits, targets, ignore_index=pad_id, label_smoothing=smoothing)
+    nll = F.cross_entropy(logits.detach(), targets, ignore_index=pad_id) if smoothing else loss.detach()
+    return loss, nll
+
+
+def corpus_bleu(hypotheses: list[str], references: list[str]) -> float:
+    """sacrebleu's corpus BLEU (13a tokenization) on detokenized text."""
+    return sacrebleu.corpus_bleu(hypotheses, [references]).score
+
+
+def token_labels(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
+    """Readable BPE pieces for plot axes: byte-level 'Ġ' (a leading space) shown as '▁'."""
+    return [tokenizer.id_to_token(i).replace("Ġ", "▁") for i in ids]
+
+
+def plot_alignment(weights: torch.Tensor, source: list[str], target: list[str], title: str = ""):
+    """Heatmap of cross-attention probabilities (T, S): rows target tokens, columns source tokens."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(1.0 + 0.35 * len(source), 1.0 + 0.3 * len(target)), dpi=100)
+    axis.imshow(weights.float().cpu().numpy(), cmap="Greys", vmin=0.0, aspect="auto")
+    axis.set_xticks(range(len(source)), source, rotation=90, fontsize=8)
+    axis.set_yticks(range(len(target)), target, fontsize=8)
+    axis.set_xlabel("source")
+    axis.set_ylabel("target")
+    if title:
+        axis.set_title(title, fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
+def alignment_figure(
+    net: TranslationTransformer, tokenizer: Tokenizer, source_ids: list[int], target_ids: list[int], title: str = ""
+):
+    """Cross-attention of the last decoder layer, averaged over heads, for one translated sentence.
+    source_ids end in EOS; target_ids are the translation without BOS/EOS."""
+    bos, eos = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
+    device = next(net.parameters()).device
+    src = torch.tensor([source_ids], device=device)
+    tgt = torch.tensor([[bos] + target_ids], device=device)
+    weights = net.cross_attention_weights(src, tgt)[-1][0].mean(dim=0)  # (T, S)
+    # Row t is the attention while predicting target token t (decoder input t is the token before it).
+    return plot_alignment(
+        weights, token_labels(tokenizer, source_ids), token_labels(tokenizer, target_ids + [eos]), title
+    )
+
+
+class TranslationTask(ZooTask):
+    def __init__(
+        self,
+        net: dict[str, Any],
+        optimizer: dict[str, Any] | None = None,
+        scheduler: dict[str, Any] | None = None,
+        label_smoothing: float = 0.1,
+        beam_size: int = 5,
+        length_penalty: float = 1.0,
+        max_len_a: float = 1.2,
+        max_len_b: int = 10,
+        val_beam_size: int = 1,
+        num_samples: int = 3,
+        alignment_plots: bool = True,
+        compile: bool = False,
+    ) -> None:
+        super().__init__(optimizer, scheduler, compile)
+        self.save_hyperparameters()
+        self.net = TranslationTransformer(TranslationConfig(**net))
+        self.tokenizer: Tokenizer | None = None
+        self._outputs: dict[str, list[tuple[str, str]]] = {}
+        self._first_batch: dict[str, dict[str, Any]] = {}
+
+    # -- tokenizer: from the data module, saved with (and restored from) the checkpoint -----------
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if self.tokenizer is None and datamodule is not None:
+            self.tokenizer = datamodule.tokenizer
+        if self.tokenizer is not None:
+            self._check_tokenizer(self.tokenizer)
+
+    def _check_tokenizer(self, tokenizer: Tokenizer) -> None:
+        cfg = self.net.config
+        if tokenizer.get_vocab_size() > cfg.vocab_size:
+            raise DataError(
+                f"the tokenizer has {tokenizer.get_vocab_size()} tokens but model.net.vocab_size={cfg.vocab_size}"
+            )
+        ids = (tokenizer.token_to_id(PAD), tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS))
+        if ids != (cfg.pad_id, cfg.bos_id, cfg.eos_id):
+            raise DataError(
+                f"tokenizer ids of {PAD}/{BOS}/{EOS} are {ids}, the model expects "
+                f"{(cfg.pad_id, cfg.bos_id, cfg.eos_id)}"
+            )
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.tokenizer is not None:
+            checkpoint["tokenizer"] = tokenizer_to_string(self.tokenizer)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "tokenizer" not in checkpoint:
+            return
+        self.tokenizer = tokenizer_from_string(checkpoint["tokenizer"])
+        trainer = self._trainer
+        if trainer is not None and getattr(trainer, "datamodule", None) is not None:
+            trainer.datamodule.set_tokenizer(self.tokenizer)  # data encoded with the model's own vocabulary
+
+    # -- training -------------------------------------------------------------------------------
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        return self.net(src, tgt)
+
+    def _loss(self, batch: dict[str, Any], stage: str) -> torch.Tensor:
+        src, tgt = batch["src"], batch["tgt"]
+        logits = self(src, tgt[:, :-1])
+        labels = tgt[:, 1:]
+        loss, nll = label_smoothed_cross_entropy(logits, labels, self.hparams.label_smoothing, self.net.config.pad_id)
+        tokens = int((labels != self.net.config.pad_id).sum())
+        on_step = stage == "train"
+        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, batch_size=tokens)
+        self.log(f"{stage}/nll", nll, on_step=False, on_epoch=True, batch_size=tokens)
+        return loss
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        return self._loss(batch, "train")
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def translate_ids(self, src: torch.Tensor, beam_size: int) -> list[list[int]]:
+        options = dict(max_len_a=self.hparams.max_len_a, max_len_b=self.hparams.max_len_b)
+        if beam_size == 1:
+            return greedy_decode(self.net, src, **options)
+        return beam_search(self.net, src, beam_size, self.hparams.length_penalty, **options)
+
+    def _evaluate(self, batch: dict[str, Any], stage: str, beams: dict[str, int]) -> None:
+        self._loss(batch, stage)
+        if stage not in self._first_batch:
+            self._first_batch[stage] = batch
+        for name, beam_size in beams.items():
+            hypotheses = [decode_ids(self.tokenizer, ids) for ids in self.translate_ids(batch["src"], beam_size)]
+            self._outputs.setdefault(name, []).extend(zip(hypotheses, batch["tgt_text"]))
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, "val", {"val/bleu": self.hparams.val_beam_size})
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, "test", {"test/bleu": self.hparams.beam_size, "test/bleu_greedy": 1})
+
+    def on_validation_epoch_end(self) -> None:
+        self._end_evaluation("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._end_evaluation("test")
+
+    def _end_evaluation(self, stage: str) -> None:
+        outputs, self._outputs = self._outputs, {}
+        for name, pairs in outputs.items():
+            hypotheses, references = zip(*pairs)
+            self.log(name, corpus_bleu(list(hypotheses), list(references)), prog_bar=True)
+        batch = self._first_batch.pop(stage, None)
+        if batch is not None and not self.trainer.sanity_checking:
+            self._log_samples(batch, stage)
+
+    def _log_samples(self, batch: dict[str, Any], stage: str) -> None:
+        """A few translations as text, and the alignment of the first as a heatmap (PNG + logger)."""
+        count = min(self.hparams.num_samples, len(batch["src_text"]))
+        if count == 0:
+            return
+        src = batch["src"][:count]
+        translations = self.translate_ids(src, self.hparams.beam_size if stage == "test" else 1)
+        lines = []
+        for i in range(count):
+            lines.append(
+                f"src: {batch['src_text'][i]}\nref: {batch['tgt_text'][i]}\n"
+                f"hyp: {decode_ids(self.tokenizer, translations[i])}"
+            )
+        text = "\n\n".join(lines)
+        log.info("%s samples (epoch %d):\n%s", stage, self.current_epoch, text)
+        for logger in self.loggers:
+            if hasattr(logger.experiment, "add_text"):
+                logger.experiment.add_text(f"{stage}/samples", text.replace("\n", "  \n"), self.global_step)
+        if not self.hparams.alignment_plots:
+            return
+        source_ids = [i for i in src[0].tolist() if i != self.net.config.pad_id]
+        figure = alignment_figure(
+            self.net, self.tokenizer, source_ids, translations[0], f"{stage} epoch {self.current_epoch}"
+        )
+        folder = Path(self.trainer.default_root_dir) / "alignments"
+        folder.mkdir(parents=True, exist_ok=True)
+        figure.savefig(folder / f"{stage}_epoch{self.current_epoch:03d}.png")
+        for logger in self.loggers:
+            if hasattr(logger.experiment, "add_figure"):
+                logger.experiment.add_figure(f"{stage}/alignment", figure, self.global_step)
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)
+
+
+# -- python run.py model=translation mode=translate ckpt_path=... text="..." -----------------------
+def load_translator(ckpt_path: str) -> tuple[TranslationTransformer, Tokenizer, dict[str, Any]]:
+    """Model, tokenizer and task hyperparameters of a TranslationTask checkpoint (weights_only load)."""
+    if not ckpt_path or not Path(ckpt_path).is_file():
+        raise FileNotFoundError(f"ckpt_path must be an existing checkpoint file, got {ckpt_path!r}")
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    if "tokenizer" not in checkpoint or "net" not in checkpoint.get("hyper_parameters", {}):
+        raise ValueError(f"ckpt_path={ckpt_path!r} is not a translation checkpoint (no tokenizer or net config)")
+    hparams = dict(checkpoint["hyper_parameters"])
+    net = TranslationTransformer(TranslationConfig(**dict(hparams["net"])))
+    prefixes = ("net._orig_mod.", "net.")  # torch.compile wraps the net
+    state = {}
+    for key, value in checkpoint["state_dict"].items():
+        for prefix in prefixes:
+            if key.startswith(prefix):
+                state[key.removeprefix(prefix)] = value
+                break
+    net.load_state_dict(state)
+    return net.eval(), tokenizer_from_string(checkpoint["tokenizer"]), hparams
+
+
+@register_mode("translate")
+def translate(cfg: DictConfig) -> dict[str, float]:
+    """Translate `text` (a string or a list of strings) with the checkpoint at `ckpt_path`; prints each
+    translation and saves the cross-attention alignment of the first as alignment.png in the run dir."""
+    text = cfg.get("text")
+    if not text:
+        raise ValueError('mode=translate needs text="<sentence to translate>"')
+    texts = [text] if isinstance(text, str) else [str(t) for t in text]
+    net, tokenizer, hparams = load_translator(cfg.get("ckpt_path"))
+    beam_size = int(cfg.model.get("beam_size", hparams.get("beam_size", 5)))
+    length_penalty = float(cfg.model.get("length_penalty", hparams.get("length_penalty", 1.0)))
+    options = dict(max_len_a=hparams.get("max_len_a", 1.2), max_len_b=hparams.get("max_len_b", 10))
+    src = pad_sequences(encode_sources(tokenizer, texts, net.config.max_len), net.config.pad_id)
+    if beam_size == 1:
+        outputs = greedy_decode(net, src, **options)
+    else:
+        outputs = beam_search(net, src, beam_size, length_penalty, **options)
+    for source, ids in zip(texts, outputs):
+        print(f"{source}\n  -> {decode_ids(tokenizer, ids)}")
+    output_dir = cfg.get("paths", {}).get("output_dir")
+    if output_dir:
+        source_ids = [i for i in src[0].tolist() if i != net.config.pad_id]
+        figure = alignment_figure(net, tokenizer, source_ids, outputs[0], f"beam {beam_size}")
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        figure.savefig(Path(output_dir) / "alignment.png")
+    return {}
