@@ -5,12 +5,14 @@ Thin by design: Hydra composes conf/, zoo.pipeline does the work and returns the
 resume (`auto_resume=<run dir>`), and reports bad input as one line.
 """
 
+import os
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
 from zoo.cli import prepare_arguments, reporting_errors, run_task
+from zoo.launch import external_launch_overrides
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
@@ -22,6 +24,7 @@ def cli() -> None:
     """`python run.py ...`: check the command line, then Hydra; bad input exits 2 with one line."""
     with reporting_errors():
         sys.argv[1:] = prepare_arguments(sys.argv[1:])
+        sys.argv += external_launch_overrides(sys.argv[1:], os.environ)  # torchrun/srun: one run directory
         main()
 
 
