@@ -75,49 +75,45 @@ def test_wandb_config_composes_from_the_run_config(tmp_path: Path) -> None:
     assert "model_checkpoint" in cfg.callbacks  # the default callbacks stay
 
 
+def history_keys(records: list[Any]) -> set[str]:
+    return {item.key or "/".join(item.nested_key) for r in records if r.HasField("history") for item in r.history.item}
+
+
 @pytest.mark.slow
-def test_offline_run_logs_metrics_lr_gradient_norms_config_and_media(tmp_outputs: Path) -> None:
+def test_offline_sweep_logs_metrics_lr_gradient_norms_config_and_media_one_run_per_job(tmp_outputs: Path) -> None:
+    # A 2-job sweep in one process: each job must get its own W&B run, grouped by the sweep.
     result = run_cli(
-        [
-            "model=vit",
-            "logger=wandb",
-            "model.net.dim=16",
-            "model.net.depth=1",
-            "model.net.num_heads=2",
-            "model.net.mlp_dim=32",
-            "trainer.max_epochs=1",
-            "trainer.limit_train_batches=3",
-            "trainer.limit_val_batches=1",
-            "trainer.limit_test_batches=1",
-            "trainer.log_every_n_steps=1",
-            "callbacks.rich_progress_bar=null",
-            "tags=[smoke]",
-            f"paths.log_dir={tmp_outputs}",
-        ],
+        ["-m", "model=vit", "logger=wandb", "model.net.dim=16", "model.net.depth=1,2", "model.net.num_heads=2",
+         "model.net.mlp_dim=32", "trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
+         "trainer.limit_test_batches=1", "trainer.log_every_n_steps=1", "callbacks.rich_progress_bar=null",
+         "tags=[smoke]", f"paths.log_dir={tmp_outputs}"],
         env=NO_KEY,
-    )
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert "no W&B API key found" in output and "wandb sync" in output
-    (run_dir,) = (tmp_outputs / "vit").iterdir()
-    (run_file,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
-    records = wandb_records(run_file)
-    kinds = [record.WhichOneof("record_type") for record in records]
-    history = {
-        item.key or "/".join(item.nested_key) for r in records if r.HasField("history") for item in r.history.item
-    }
-    for key in ("train/loss_step", "val/acc", "test/acc", "grad_norm/total", "trainer/global_step"):
-        assert key in history, f"{key} not logged; logged: {sorted(history)}"
-    assert any(key.startswith("lr-AdamW") for key in history), sorted(history)  # LearningRateMonitor
-    assert "test/confusion_matrix/_type" in history  # an image entry, its PNG stored with the run
-    assert list((run_file.parent / "files" / "media" / "images").rglob("*.png"))
-    (run,) = [r.run for r in records if r.HasField("run")]
-    assert run.run_group == "vit" and run.display_name == run_dir.name and list(run.tags) == ["smoke"]
-    config = {
-        item.key: json.loads(item.value_json) for r in records if r.HasField("config") for item in r.config.update
-    }
-    config.update({item.key: json.loads(item.value_json) for item in run.config.update})
-    assert config["model"]["net"]["dim"] == 16  # the resolved run config
-    assert config["data"]["_target_"].endswith("DigitsDataModule")
-    assert "hydra" not in config
-    assert "exit" in kinds or "final" in kinds or "footer" in kinds  # the run was closed, not cut off
+    (sweep_dir,) = (tmp_outputs / "vit" / "multirun").iterdir()
+    runs = {}
+    for job in ("0", "1"):
+        (run_file,) = (sweep_dir / job / "wandb").glob("offline-run-*/run-*.wandb")
+        records = wandb_records(run_file)
+        (runs[job],) = [r.run for r in records if r.HasField("run")]
+        history = history_keys(records)
+        for key in ("train/loss_step", "val/acc", "test/acc", "grad_norm/total", "trainer/global_step"):
+            assert key in history, f"{key} not logged; logged: {sorted(history)}"
+        assert any(key.startswith("lr-AdamW") for key in history), sorted(history)  # LearningRateMonitor
+        assert "test/confusion_matrix/_type" in history  # an image entry, its PNG stored with the run
+        assert list((run_file.parent / "files" / "media" / "images").rglob("*.png"))
+        config = {
+            item.key: json.loads(item.value_json) for r in records if r.HasField("config") for item in r.config.update
+        }
+        config.update({item.key: json.loads(item.value_json) for item in runs[job].config.update})
+        assert config["model"]["net"]["depth"] == int(job) + 1  # the job's resolved run config
+        assert config["data"]["_target_"].endswith("DigitsDataModule")
+        assert "hydra" not in config
+        kinds = {record.WhichOneof("record_type") for record in records}
+        assert kinds & {"exit", "final", "footer"}  # the run was closed, not cut off
+    assert runs["0"].run_id != runs["1"].run_id
+    for job, run in runs.items():
+        assert run.run_group == f"vit/{sweep_dir.name}" and run.display_name == f"{sweep_dir.name}/{job}"
+        assert list(run.tags) == ["smoke"]

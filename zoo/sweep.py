@@ -177,7 +177,7 @@ def print_summary(records: list[dict[str, Any]], mode: str, sweep_dir: Path) -> 
 
 
 class SweepJobs(Callback):
-    """Makes a sweep's settings resolvable and lets its jobs train with DDP.
+    """Makes a sweep's settings resolvable and its jobs independent (DDP, W&B) when they share a process.
 
     - Before the sweeper starts, HydraConfig is set, so `${hydra:...}` interpolations (paths.root_dir,
       task_name) resolve in hydra.sweep.dir; Hydra itself sets it only inside each job.
@@ -186,6 +186,7 @@ class SweepJobs(Callback):
       job's directory. For the job's duration, sys.argv becomes the job's own overrides in run mode and
       run.dir the job directory. When the job ends, both are restored, the job's process group is destroyed
       and Lightning's DDP environment variables are reset, so the next job of the sweep starts its own.
+    - A job's W&B run is finished when the job ends; otherwise the next job would log into it.
     """
 
     # Hydra options (not overrides) that must reach the restarted script: the config it composes.
@@ -240,6 +241,10 @@ class SweepJobs(Callback):
             else:
                 os.environ[name] = value
         self._environ = {}
+        # A W&B run stays open until finished: the next job would log into this one.
+        wandb = sys.modules.get("wandb")
+        if wandb is not None and getattr(wandb, "run", None) is not None:
+            wandb.finish()
         # The next job in this process starts its own process group: the last one's peers have exited.
         distributed = sys.modules.get("torch.distributed")
         if distributed is not None and distributed.is_available() and distributed.is_initialized():
