@@ -183,7 +183,8 @@ class CheckpointOnInterrupt(Callback):
         self.saved_path: str | None = None
         self._previous_handler: Any = None
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Not on_fit_start: Lightning records the handlers after that hook and puts them back at teardown.
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             try:
                 self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
@@ -204,7 +205,7 @@ class CheckpointOnInterrupt(Callback):
         if self.interrupted:
             raise KeyboardInterrupt
 
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore_sigint()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:

@@ -269,7 +269,7 @@ def user_error_message(error: BaseException, args: list[str] | None = None) -> s
         MissingConfigException,
         OverrideParseException,
     )
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
     target = None
     if isinstance(error, InstantiationException):
@@ -285,8 +285,19 @@ def user_error_message(error: BaseException, args: list[str] | None = None) -> s
             return unknown_key_message(bad.group(1), args or [])
         cause = f" ({one_line(str(error.__cause__).splitlines()[0])})" if error.__cause__ else ""
         return one_line(str(error).strip().splitlines()[0]) + cause
-    if isinstance(error, (OverrideParseException, OmegaConfBaseException)):
-        return one_line(str(error).strip().splitlines()[0])
+    if isinstance(error, OverrideParseException):
+        return (
+            f"cannot parse the override {error.override!r} ({one_line(str(error).strip().splitlines()[0])}); "
+            "valid: key=value, lists as key=[a,b], values with spaces quoted: 'key=\"a b\"'"
+        )
+    if isinstance(error, OmegaConfBaseException):
+        text = one_line(str(error).strip().splitlines()[0])
+        key = getattr(error, "full_key", None)
+        where = f"{key}: " if key and key not in text else ""
+        hint = ""
+        if isinstance(error, InterpolationKeyError) and "'data." in text:
+            hint = "; this data=... does not provide what the model needs: pick a dataset made for the model"
+        return where + text + hint
     if isinstance(error, TypeError) and (message := unexpected_argument_message(error, target)):
         return message
     if isinstance(error, user_error_types()):

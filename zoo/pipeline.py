@@ -33,6 +33,8 @@ from rich.tree import Tree
 from zoo.callbacks import AtomicCheckpointIO, CheckpointOnInterrupt, ResumeState, StopOnNonFiniteLoss
 from zoo.checkpoints import CheckpointError, check_task, check_weights, load_checkpoint
 from zoo.cli import EXIT_BAD_INPUT, full_error_requested, user_error_message
+from zoo.logging_utils import log_hydra_config
+from zoo.sweep import trial_failed, trial_objective
 
 log = logging.getLogger("zoo")
 
@@ -51,6 +53,19 @@ def redact(text: str) -> str:
     for secret in secret_values():
         text = text.replace(secret, "***")
     return text
+
+
+def redacted(cfg: DictConfig) -> DictConfig:
+    """A resolved copy of `cfg` with every secret value replaced by *** (for loggers that store the config)."""
+
+    def scrub(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: scrub(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [scrub(v) for v in value]
+        return redact(value) if isinstance(value, str) else value
+
+    return OmegaConf.create(scrub(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)))
 
 
 @rank_zero_only
@@ -125,6 +140,7 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule, L.
     task = hydra.utils.instantiate(cfg.model, _convert_="all")
     callbacks = with_safety_net(instantiate_list(cfg.get("callbacks")), model=cfg.get("task_name"))
     loggers = instantiate_list(cfg.get("logger"))
+    log_hydra_config(loggers, redacted(cfg))  # W&B: the resolved config of the run (secrets as ***)
     check_devices(cfg.trainer)
     plugins = hydra.utils.instantiate(cfg.trainer.get("plugins"), _convert_="all") or []
     plugins = plugins if isinstance(plugins, list) else [plugins]
@@ -274,10 +290,14 @@ def main(cfg: DictConfig) -> float | None:
     try:
         metrics = run(cfg)
     except Exception as error:
+        if in_sweep():
+            return trial_failed(error)  # traceback logged, recorded in the job directory; the sweep goes on
         message = user_error_message(error, task_overrides())
-        if message is None or full_error_requested() or in_sweep():
-            raise  # a sweep's job fails (the sweeper records it); run.py still prints one line at the end
+        if message is None or full_error_requested():
+            raise
         print(f"error: {message}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+    if in_sweep():
+        return trial_objective(cfg, metrics)  # a missing or non-finite metric is a failed trial, not a crash
     name = cfg.get("optimized_metric")
     return metrics.get(name) if name else None

@@ -1,0 +1,169 @@
+"""Bad input: every kind is answered by one line that names the bad value and what would be valid, exit
+status 2, no traceback (unless HYDRA_FULL_ERROR=1), and nothing already on disk is lost.
+
+Each case runs `python run.py <args>` in this process (run.py executed as __main__ with runpy: the same
+code path as the command line, without a new interpreter per case). The same table is in README's
+troubleshooting section (docs/troubleshooting.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import ROOT
+
+QUIET = ["print_config=false", "logger=csv", "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+TINY_VIT = ["model=vit", "model.net.dim=16", "model.net.depth=1", "model.net.num_heads=2", "model.net.mlp_dim=32"]
+TINY_GPT = [
+    "model=gpt", "model.net.n_layer=1", "model.net.n_head=2", "model.net.n_embd=16", "data.block_size=16",
+    "model.sample.max_new_tokens=0", "data.eval_batches=1", "data.batch_size=4",
+]  # fmt: skip
+TINY_TRANSLATION = ["model=translation", "model.net.dim=16", "model.net.num_heads=2", "model.net.mlp_dim=32"]
+ONE_STEP = ["trainer.max_epochs=1", "+trainer.limit_train_batches=1", "trainer.limit_val_batches=1"]
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `python run.py <args>`, run in this process."""
+    argv = sys.argv
+    sys.argv = [str(ROOT / "run.py"), *args]
+    try:
+        runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    finally:
+        sys.argv = argv
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Input files and two earlier runs (a ViT and a GPT, with checkpoints) that no bad input may harm."""
+    root = tmp_path_factory.mktemp("errors")
+    files = root / "files"
+    files.mkdir()
+    corpus = "To be, or not to be, that is the question.\n" * 40
+    (files / "corpus.txt").write_text(corpus)
+    (files / "other_corpus.txt").write_text("0123456789 +-*/=<>\n" * 80)  # another alphabet
+    (files / "empty.txt").write_text("")
+    (files / "latin1.txt").write_bytes("caf\u00e9 cr\u00e8me br\u00fbl\u00e9e\n".encode("latin-1") * 50)
+    (files / "train.de").write_text("ein Haus\nzwei Katzen\ndrei Hunde\n")
+    (files / "train.en").write_text("a house\ntwo cats\n")
+    (files / "pairs.tsv").write_text("ein Haus\ta house\nzwei Katzen\ttwo cats\n")
+    (files / "latin1.tsv").write_bytes("caf\u00e9\tcoffee\n".encode("latin-1") * 5)
+    (files / "bad_data_dir").mkdir()
+    torch.save(torch.ones(3), files / "tensor.ckpt")
+    (files / "garbage.ckpt").write_bytes(b"\x00\x01 not a checkpoint " * 64)
+
+    class Planted:
+        def __reduce__(self):
+            return os.mkdir, (str(files / "code_ran"),)
+
+    torch.save({"state_dict": {}, "hyper_parameters": {"x": Planted()}}, files / "evil.ckpt")
+
+    outputs = root / "outputs"
+    for args in (
+        [*TINY_VIT, *ONE_STEP, "trainer.limit_test_batches=1"],
+        [*TINY_GPT, "data=text", f"data.path={files / 'corpus.txt'}", "trainer.max_steps=2",
+         "trainer.val_check_interval=2", "test=false"],
+    ):  # fmt: skip
+        argv, sys.argv = sys.argv, ["run.py", *args, *QUIET, f"paths.log_dir={outputs}"]
+        try:
+            runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
+        finally:
+            sys.argv = argv
+    vit = next(outputs.glob("vit/*/checkpoints/last.ckpt"))
+    gpt = next(outputs.glob("gpt/*/checkpoints/last.ckpt"))
+    truncated = files / "truncated.ckpt"
+    truncated.write_bytes(vit.read_bytes()[: vit.stat().st_size // 2])
+    return {"root": root, "files": files, "outputs": outputs, "vit": vit, "gpt": gpt, "truncated": truncated}
+
+
+# (id, arguments, fragments the error line must contain: the bad value and what would be valid)
+# {files}, {vit}, {gpt}, {truncated}, {outputs} are filled in from the fixture.
+CASES = [
+    ("unknown model", ["model=vitt"], ["model 'vitt'", "valid choices", "vit"]),
+    ("unknown attention", ["attention=sparse"], ["attention 'sparse'", "full", "local"]),
+    ("unknown attention variant", ["attention.variant=sparse"], ["'sparse'", "full", "linear"]),
+    ("unknown data", ["data=imagenet"], ["data 'imagenet'", "digits"]),
+    ("unknown trainer option", ["trainer=tpu"], ["trainer 'tpu'", "cpu"]),
+    ("unknown config key", ["trainer.epochs=3"], ["'trainer.epochs'", "max_epochs", "+trainer.epochs"]),
+    ("unknown trainer argument", ["+trainer.epochs=3"], ["'epochs'", "max_epochs"]),
+    ("value of the wrong type", ["trainer.max_epochs=ten"], ["trainer.max_epochs", "'ten'", "an int"]),
+    ("unknown mode", ["mode=serve"], ["mode 'serve'", "train"]),
+    ("dim not divisible by heads", [*TINY_VIT, "model.net.dim=30", "model.net.num_heads=4"], ["dim=30", "num_heads"]),
+    ("window <= 0", ["attention=local", "attention.window=0"], ["window", "0", "positive"]),
+    ("image size not divisible by patch", ["model.net.patch_size=3"], ["patch_size=3", "image_size=8", "divisible"]),
+    ("devices > available", ["trainer.devices=4096"], ["trainer.devices=4096", "valid: 1.."]),
+    ("no GPU for accelerator=gpu", ["trainer.accelerator=gpu"], ["0 GPU", "cpu"]),
+    ("unknown accelerator", ["trainer.accelerator=quantum"], ["'quantum'", "cpu"]),
+    ("unknown precision", ["trainer.precision=fp8"], ["'fp8'", "32-true", "bf16-mixed"]),
+    ("data of another model family", ["model=vit", "data=text", "data.path={files}/corpus.txt"],
+     ["data.image_size", "dataset made for the model"]),
+    ("mandatory value not given", ["model=gpt", "data=text"], ["data.path", "Missing mandatory value"]),
+    ("missing data path", [*TINY_GPT, "data=text", "data.path={files}/missing.txt"], ["missing.txt"]),
+    ("empty data file", [*TINY_GPT, "data=text", "data.path={files}/empty.txt"], ["empty.txt", "empty"]),
+    ("data folder without images", ["data=image_folder", "data.data_dir={files}/bad_data_dir", "data.num_classes=2"],
+     ["bad_data_dir"]),
+    ("undecodable text file", [*TINY_GPT, "data=text", "data.path={files}/latin1.txt"], ["latin1.txt", "utf-8"]),
+    ("parallel files with different line counts",
+     [*TINY_TRANSLATION, "data=parallel_text", "data.train=[{files}/train.de,{files}/train.en]",
+      "data.val={files}/pairs.tsv", "data.test={files}/pairs.tsv"], ["train.de", "3 lines", "train.en", "2"]),
+    ("checkpoint that does not exist", ["train=false", "ckpt_path={files}/nope.ckpt"], ["nope.ckpt", "not a file"]),
+    ("truncated checkpoint", ["train=false", "ckpt_path={truncated}"], ["truncated.ckpt", "truncated or corrupt"]),
+    ("corrupt checkpoint", ["train=false", "ckpt_path={files}/garbage.ckpt"], ["garbage.ckpt", "corrupt"]),
+    ("not a Lightning checkpoint", ["train=false", "ckpt_path={files}/tensor.ckpt"], ["tensor.ckpt", "state_dict"]),
+    ("checkpoint holding code", ["train=false", "ckpt_path={files}/evil.ckpt"], ["evil.ckpt", "refused", "mkdir"]),
+    ("checkpoint of another family (gpt into vit)", ["model=vit", "train=false", "ckpt_path={gpt}"],
+     ["LanguageModelTask", "model=gpt"]),
+    ("checkpoint of another family (vit into generate)", ["model=gpt", "mode=generate", "ckpt_path={vit}"],
+     ["ImageClassificationTask", "model=vit"]),
+    ("checkpoint of another configuration", ["model=vit", "train=false", "ckpt_path={vit}"],
+     ["does not fit", "16", "64", "overrides it was trained with"]),
+    ("tokenizer / checkpoint vocabulary mismatch",
+     [*TINY_GPT, "data=text", "data.path={files}/other_corpus.txt", "train=false", "ckpt_path={gpt}"],
+     ["tokenizer", "data"]),
+    ("block size exceeded at generation", ["model=gpt", "mode=generate", "ckpt_path={gpt}", f"prompt={'tobe' * 10}"],
+     ["40 tokens", "block_size=16"]),
+    ("ckpt_path=last without a checkpoint", ["ckpt_path=last"], ["last.ckpt", "auto_resume"]),
+    ("auto_resume of a folder that is no run", ["auto_resume={files}"], ["auto_resume=", "not a run directory"]),
+    ("evaluation without a checkpoint", ["train=false"], ["train=false", "ckpt_path"]),
+    ("malformed override", ["model.net.dim=[64"], ["model.net.dim=[64"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "fragments"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_gets_one_line_exit_2_and_harms_nothing(world, args, fragments, capsys) -> None:
+    before = snapshot(world["root"])
+    args = [a.format(**{k: str(v) for k, v in world.items()}) for a in args]
+    code, out, err = run_cli([*args, *QUIET, f"paths.log_dir={world['outputs']}"], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err[-3000:]
+    assert "Traceback" not in out + err
+    for fragment in fragments:
+        assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+    after = snapshot(world["root"])
+    assert {k: after.get(k) for k in before} == before  # every earlier file is still there, unchanged
+    assert not (world["files"] / "code_ran").exists()
+
+
+def test_hydra_full_error_shows_the_traceback(world, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(Exception, match="dim must be divisible by num_heads"):
+        run_cli(["model.net.dim=30", "model.net.num_heads=4", *QUIET, f"paths.log_dir={world['outputs']}"], capsys)
+    assert os.environ["HYDRA_FULL_ERROR"] == "1"
