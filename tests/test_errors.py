@@ -93,7 +93,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"root": root, "files": files, "outputs": outputs, "vit": vit, "gpt": gpt, "truncated": truncated}
 
 
-# (id, arguments, fragments the error line must contain: the bad value and what would be valid)
+# (id, arguments, fragments the error line must contain: the bad value and what would be valid[, xfail mark])
 # {files}, {vit}, {gpt}, {truncated}, {outputs} are filled in from the fixture.
 CASES = [
     ("unknown model", ["model=vitt"], ["model 'vitt'", "valid choices", "vit"]),
@@ -109,7 +109,7 @@ CASES = [
     ("window <= 0", ["attention=local", "attention.window=0"], ["window", "0", "positive"]),
     ("image size not divisible by patch", ["model.net.patch_size=3"], ["patch_size=3", "image_size=8", "divisible"]),
     ("devices > available", ["trainer.devices=4096"], ["trainer.devices=4096", "valid: 1.."]),
-    ("no GPU for accelerator=gpu", ["trainer.accelerator=gpu"], ["0 GPU", "cpu"]),
+    ("no GPU for accelerator=gpu", ["trainer.accelerator=gpu"], ["accelerator=gpu", "no GPU", "cpu"]),
     ("unknown accelerator", ["trainer.accelerator=quantum"], ["'quantum'", "cpu"]),
     ("unknown precision", ["trainer.precision=fp8"], ["'fp8'", "32-true", "bf16-mixed"]),
     ("data of another model family", ["model=vit", "data=text", "data.path={files}/corpus.txt"],
@@ -123,6 +123,10 @@ CASES = [
     ("parallel files with different line counts",
      [*TINY_TRANSLATION, "data=parallel_text", "data.train=[{files}/train.de,{files}/train.en]",
       "data.val={files}/pairs.tsv", "data.test={files}/pairs.tsv"], ["train.de", "3 lines", "train.en", "2"]),
+    ("undecodable parallel file",
+     [*TINY_TRANSLATION, "data=parallel_text", "data.train={files}/latin1.tsv", "data.val={files}/pairs.tsv",
+      "data.test={files}/pairs.tsv"], ["latin1.tsv", "utf-8"],
+     pytest.mark.xfail(reason="zoo/data/parallel.py: UnicodeDecodeError without the file name", strict=True)),
     ("checkpoint that does not exist", ["train=false", "ckpt_path={files}/nope.ckpt"], ["nope.ckpt", "not a file"]),
     ("truncated checkpoint", ["train=false", "ckpt_path={truncated}"], ["truncated.ckpt", "truncated or corrupt"]),
     ("corrupt checkpoint", ["train=false", "ckpt_path={files}/garbage.ckpt"], ["garbage.ckpt", "corrupt"]),
@@ -146,7 +150,9 @@ CASES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("args", "fragments"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("args", "fragments"), [pytest.param(*case[1:3], id=case[0], marks=case[3:]) for case in CASES]
+)
 def test_bad_input_gets_one_line_exit_2_and_harms_nothing(world, args, fragments, capsys) -> None:
     before = snapshot(world["root"])
     args = [a.format(**{k: str(v) for k, v in world.items()}) for a in args]

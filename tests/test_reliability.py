@@ -31,7 +31,7 @@ from zoo.callbacks import (
 )
 from zoo.checkpoints import CheckpointError, check_task, check_weights, load_checkpoint
 from zoo.cli import UsageError, claim_run_dir, prepare_arguments
-from zoo.pipeline import redact, with_safety_net
+from zoo.pipeline import prepare_checkpoint, redact, with_safety_net
 
 
 # -- a tiny task to drive Lightning's loops -----------------------------------------------------------
@@ -254,6 +254,20 @@ def test_auto_resume_continues_in_the_run_directory_with_its_own_overrides(tmp_p
     assert f"hydra.run.dir={run_dir.resolve()}" in from_checkpoint and "seed=7" in from_checkpoint
     evaluation = [f"ckpt_path={run_dir}/checkpoints/last.ckpt", "train=false"]
     assert prepare_arguments(evaluation) == evaluation  # evaluating is not resuming: a new directory
+
+
+def test_auto_resume_true_continues_from_last_checkpoint_or_starts_fresh(tmp_path: Path) -> None:
+    cfg = compose_config(["model=vit", "auto_resume=true"], tmp_path)
+    assert prepare_checkpoint(cfg) is None  # a first start: nothing to continue
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    last.parent.mkdir()
+    torch.save({"state_dict": {}, "zoo": {"task": cfg.model._target_, "model": "vit"}}, last)
+    assert prepare_checkpoint(cfg) == str(last)
+    cfg.auto_resume, cfg.ckpt_path = False, "last"
+    assert prepare_checkpoint(cfg) == str(last)
+    last.unlink()
+    with pytest.raises(CheckpointError, match="ckpt_path=last but there is no .*last.ckpt"):
+        prepare_checkpoint(cfg)
 
 
 def test_bad_resume_requests_are_usage_errors(tmp_path: Path) -> None:

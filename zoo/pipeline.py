@@ -130,9 +130,13 @@ def check_devices(trainer: DictConfig) -> None:
     else:
         indices = [int(i) for i in str(devices).replace("[", "").replace("]", "").split(",") if i.strip()]
         count, highest = len(indices), max(indices, default=0)
+    if available == 0:
+        accelerator = trainer.get("accelerator")
+        raise ValueError(f"trainer.accelerator={accelerator} but this machine has no {kind}; valid: cpu or auto")
     if count <= 0 or highest >= available:
-        valid = f"1..{available}, -1 or auto" if available else "another trainer.accelerator (e.g. cpu)"
-        raise ValueError(f"trainer.devices={devices} but this machine has {available} {kind}(s); valid: {valid}")
+        raise ValueError(
+            f"trainer.devices={devices} but this machine has {available} {kind}(s); valid: 1..{available}, -1 or auto"
+        )
 
 
 def build(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule, L.Trainer]:
