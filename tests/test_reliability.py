@@ -367,7 +367,10 @@ def test_sigterm_saves_last_checkpoint_and_exits_143(tmp_path: Path) -> None:
 def test_runs_started_together_get_own_directories_and_no_secret_reaches_any_file(tmp_path: Path) -> None:
     secret = "wandb-0123456789abcdef-secret"
     env = {"WANDB_API_KEY": secret, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
-    args = ["model=vit", "trainer.fast_dev_run=true", f"paths.log_dir={tmp_path}", "+api_probe=${oc.env:WANDB_API_KEY}"]
+    args = [
+        "model=vit", "trainer.fast_dev_run=true", "logger=[csv,wandb]", f"paths.log_dir={tmp_path}",
+        "+api_probe=${oc.env:WANDB_API_KEY}",  # a config value that holds the secret: printed and sent to W&B
+    ]  # fmt: skip
     processes = [start(args, env) for _ in range(2)]
     results = [finish(p) for p in processes]
     for code, out, err in results:
@@ -375,6 +378,7 @@ def test_runs_started_together_get_own_directories_and_no_secret_reaches_any_fil
         assert secret not in out + err
     runs = sorted((tmp_path / "vit").iterdir())
     assert len(runs) == 2 and all((run / "metrics.json").is_file() for run in runs)
+    assert all(any(run.glob("wandb/offline-run-*")) for run in runs)
     for file in tmp_path.rglob("*"):
         if file.is_file():
             assert secret.encode() not in file.read_bytes(), file
