@@ -129,3 +129,13 @@ def test_cli_trains_on_numbers_then_translates_with_the_checkpoint(tmp_outputs: 
     )
     assert missing.returncode != 0 and "nowhere.ckpt" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_alignment_axis_labels_are_readable_bpe_pieces(tmp_path: Path) -> None:
+    from zoo.data.parallel import NumbersDataModule
+    from zoo.tasks.translation import token_labels
+
+    module = NumbersDataModule(num_train=500, num_val=5, num_test=5, max_digits=3, vocab_size=300)
+    module.setup()
+    labels = token_labels(module.tokenizer, module.tokenizer.encode("fünf").ids + [2])
+    assert "".join(labels) == "▁fünf<eos>"  # bytes of 'ü' decoded, not shown as 'Ã¼'

@@ -46,8 +46,13 @@ def corpus_bleu(hypotheses: list[str], references: list[str]) -> float:
 
 
 def token_labels(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
-    """Readable BPE pieces for plot axes: byte-level 'Ġ' (a leading space) shown as '▁'."""
-    return [tokenizer.id_to_token(i).replace("Ġ", "▁") for i in ids]
+    """Readable BPE pieces for plot axes: each piece decoded on its own (so 'fÃ¼nf' reads 'fünf'),
+    a leading space shown as '▁'."""
+    labels = []
+    for i in ids:
+        piece = tokenizer.decode([i], skip_special_tokens=False)
+        labels.append("▁" + piece[1:] if piece.startswith(" ") else piece)
+    return labels
 
 
 def plot_alignment(weights: torch.Tensor, source: list[str], target: list[str], title: str = ""):
