@@ -5,7 +5,7 @@ label smoothing 0.1 (padding ignored). Validation decodes greedily (fast) for `v
 with beam search and greedily, both scored with sacrebleu on detokenized text against the raw
 references. A few sample translations and a cross-attention alignment heatmap are logged each epoch.
 
-`python run.py model=translation mode=translate ckpt_path=... text="Ein Mann fährt Fahrrad."`
+`python run.py model=translation mode=translate ckpt_path=... 'text="Ein Mann fährt Fahrrad."'`
 translates with a checkpoint (`translate` below).
 """
 
