@@ -7,6 +7,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from zoo.data.tokenizers import tokenizer_from_string, tokenizer_to_string
 from zoo.tasks.optim import build_optimizer, lr_multiplier
 
 
@@ -18,6 +19,7 @@ class ZooTask(L.LightningModule):
     """
 
     net: torch.nn.Module
+    tokenizer: Any = None  # text tasks: a Hugging Face tokenizer, kept in every checkpoint as JSON
 
     def __init__(
         self, optimizer: dict[str, Any] | None = None, scheduler: dict[str, Any] | None = None, compile: bool = False
@@ -50,3 +52,15 @@ class ZooTask(L.LightningModule):
         factor = lr_multiplier(name, total, warmup, min_lr / base_lr if base_lr else 0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.tokenizer is not None:
+            checkpoint["tokenizer"] = tokenizer_to_string(self.tokenizer)  # plain text: weights_only-safe
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "tokenizer" in checkpoint:
+            self.restore_tokenizer(tokenizer_from_string(checkpoint["tokenizer"]))
+
+    def restore_tokenizer(self, tokenizer: Any) -> None:
+        """Take a checkpoint's tokenizer; tasks whose data must encode with it hand it on."""
+        self.tokenizer = tokenizer

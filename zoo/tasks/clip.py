@@ -15,7 +15,6 @@ import torchmetrics
 from tokenizers import Tokenizer
 
 from zoo.data.captions import CaptionDataModule, encode_captions, end_of_text_id
-from zoo.data.tokenizers import tokenizer_from_string, tokenizer_to_string
 from zoo.models.clip import CLIP, CLIPConfig
 from zoo.tasks.base import ZooTask
 from zoo.tasks.clip_evaluation import retrieval_metrics, similarity_figure, zero_shot_classifier
@@ -98,14 +97,8 @@ class CLIPTask(ZooTask):
                 f"model.net.text.eot_token_id={text.eot_token_id}"
             )
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self.tokenizer is not None:
-            checkpoint["tokenizer"] = tokenizer_to_string(self.tokenizer)
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if "tokenizer" not in checkpoint:
-            return
-        self.tokenizer = tokenizer_from_string(checkpoint["tokenizer"])
+    def restore_tokenizer(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
         trainer = self._trainer
         if trainer is not None and isinstance(trainer.datamodule, CaptionDataModule):
             trainer.datamodule.use_tokenizer(self.tokenizer)

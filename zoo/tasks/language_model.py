@@ -88,16 +88,17 @@ class LanguageModelTask(ZooTask):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["model_family"] = MODEL_FAMILY
-        if self.tokenizer is not None:
-            checkpoint["tokenizer"] = tokenizer_to_string(self.tokenizer)
+        super().on_save_checkpoint(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if checkpoint.get("model_family") != MODEL_FAMILY:
             raise ValueError(
                 f"this checkpoint is not a GPT checkpoint (model_family={checkpoint.get('model_family')!r})"
             )
-        if "tokenizer" in checkpoint:
-            self._adopt_tokenizer(tokenizer_from_string(checkpoint["tokenizer"]), source="the data")
+        super().on_load_checkpoint(checkpoint)
+
+    def restore_tokenizer(self, tokenizer: Tokenizer) -> None:
+        self._adopt_tokenizer(tokenizer, source="the data")
 
     # -- training and evaluation ----------------------------------------------------------------------
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

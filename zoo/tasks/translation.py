@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from zoo.data.errors import DataError
 from zoo.data.parallel import decode_ids, encode_sources, pad_sequences
-from zoo.data.tokenizers import BOS, EOS, PAD, tokenizer_from_string, tokenizer_to_string
+from zoo.data.tokenizers import BOS, EOS, PAD, tokenizer_from_string
 from zoo.models.translation import TranslationConfig, TranslationTransformer, beam_search, greedy_decode
 from zoo.pipeline import register_mode
 from zoo.tasks.base import ZooTask
@@ -134,14 +134,8 @@ class TranslationTask(ZooTask):
                 f"{(cfg.pad_id, cfg.bos_id, cfg.eos_id)}"
             )
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self.tokenizer is not None:
-            checkpoint["tokenizer"] = tokenizer_to_string(self.tokenizer)
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if "tokenizer" not in checkpoint:
-            return
-        self.tokenizer = tokenizer_from_string(checkpoint["tokenizer"])
+    def restore_tokenizer(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
         trainer = self._trainer
         if trainer is not None and getattr(trainer, "datamodule", None) is not None:
             trainer.datamodule.set_tokenizer(self.tokenizer)  # data encoded with the model's own vocabulary
