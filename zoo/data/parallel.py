@@ -34,8 +34,13 @@ def read_lines(path: str | Path, key: str) -> list[str]:
     if not str(path) or not path.is_file():
         raise DataError(f"{key}: file not found: {str(path)!r}")
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        lines = [line.rstrip("\r\n") for line in handle]
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            lines = [line.rstrip("\r\n") for line in handle]
+    except (UnicodeDecodeError, OSError, EOFError) as error:
+        raise DataError(
+            f"{key}: {str(path)!r} is not readable UTF-8 text ({type(error).__name__}); save it as utf-8 (plain or .gz)"
+        ) from None
     if not lines:
         raise DataError(f"{key}: file is empty: {str(path)!r}")
     return lines
