@@ -176,11 +176,6 @@ def test_ddp_jobs_of_a_sweep_each_train_in_their_own_directory_with_identical_re
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="zoo/data/text.py RandomBlocks seeds every rank alike, so DDP ranks train on identical batches "
-    "(global batch = one rank's batch); fix: every rank draws the global batch of offsets and keeps its slice",
-)
 def test_ddp_gpt_matches_one_process_on_the_global_batch(gpt_runs: dict) -> None:
     ddp, one = replica_check(gpt_runs["sweep_dir"] / "0"), replica_check(gpt_runs["one_dir"])
     assert max(abs(a - b) for a, b in zip(ddp["losses"], one["losses"])) < 1e-5

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from zoo.data.errors import DataError
-from zoo.data.text import FixedBlocks, PythonStdlibDataModule, ShakespeareDataModule, TextDataModule
+from zoo.data.text import FixedBlocks, PythonStdlibDataModule, RandomBlocks, ShakespeareDataModule, TextDataModule
 from zoo.data.tokenizers import EOS
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog {i % 7}\n" for i in range(300))
@@ -49,6 +51,23 @@ def test_training_batches_are_random_windows_of_the_train_split_with_shifted_tar
     again = next(iter(data.train_dataloader()))
     assert torch.equal(again[0], x)  # same seed, same stream
     assert not torch.equal(next(batches)[0], x)
+
+
+def test_batch_i_depends_only_on_seed_and_i_so_resume_and_ranks_are_exact() -> None:
+    tokens = np.arange(1000, dtype=np.uint16)
+
+    def take(blocks: RandomBlocks, count: int, **loader) -> list[torch.Tensor]:
+        return [x for x, _ in itertools.islice(iter(DataLoader(blocks, batch_size=None, **loader)), count)]
+
+    stream = take(RandomBlocks(tokens, 8, 6, seed=1), 10)
+    assert len({tuple(x[:, 0].tolist()) for x in stream}) == 10  # ten different batches
+    resumed = take(RandomBlocks(tokens, 8, 6, seed=1, start=lambda: 4), 6)  # a run resumed after 4 batches
+    assert all(torch.equal(a, b) for a, b in zip(resumed, stream[4:]))
+    ranks = [take(RandomBlocks(tokens, 8, 3, seed=1, rank=r, world_size=2), 10) for r in (0, 1)]
+    assert all(torch.equal(torch.cat([a, b]), one) for a, b, one in zip(*ranks, stream))  # the global batch
+    workers = take(RandomBlocks(tokens, 8, 6, seed=1), 10, num_workers=2)
+    assert all(torch.equal(a, b) for a, b in zip(workers, stream))  # two workers, same order
+    assert not torch.equal(take(RandomBlocks(tokens, 8, 6, seed=2), 1)[0], stream[0])
 
 
 def test_evaluation_windows_tile_the_split_or_are_a_fixed_sample(corpus: Path) -> None:

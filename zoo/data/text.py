@@ -16,13 +16,14 @@ from __future__ import annotations
 import glob
 import hashlib
 import importlib.util
+import itertools
 import json
 import logging
 import os
 import shutil
 import tempfile
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,18 +50,57 @@ def window_batch(tokens: np.ndarray, starts: torch.Tensor, block_size: int) -> t
 
 
 class RandomBlocks(IterableDataset):
-    """An endless stream of (x, y) batches at uniformly random offsets (nanoGPT's get_batch)."""
+    """An endless stream of (x, y) batches at uniformly random offsets (nanoGPT's get_batch), where batch
+    number i is a pure function of (seed, i).
 
-    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int) -> None:
+    That makes the stream exact under the two things that break a single random generator:
+    - distributed training: every rank draws the offsets of the global batch (batch_size * world_size) for
+      batch i and keeps its own slice, so the ranks together train on exactly the batch one process with
+      world_size times the batch size would see;
+    - resuming: iteration starts at batch `start` (an int, or a callable asked each time iteration begins,
+      e.g. the number of batches the trainer has consumed), so a run resumed from a checkpoint draws the
+      batches an uninterrupted run would have drawn.
+    With several DataLoader workers, worker w yields batches start + w, start + w + W, ..., which the
+    DataLoader hands out in order.
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        block_size: int,
+        batch_size: int,
+        seed: int,
+        start: int | Callable[[], int] = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.tokens, self.block_size, self.batch_size, self.seed = tokens, block_size, batch_size, seed
+        self.start, self.rank, self.world_size = start, rank, world_size
+
+    def first_batch(self) -> int:
+        return self.start() if callable(self.start) else self.start
+
+    def offsets(self, index: int) -> torch.Tensor:
+        """Start offsets of this rank's rows of batch number `index`."""
+        key = np.random.SeedSequence([self.seed, index]).generate_state(1, np.uint64)[0]
+        generator = torch.Generator().manual_seed(int(key))
+        high = len(self.tokens) - self.block_size  # last start whose window has block_size + 1 tokens, plus 1
+        starts = torch.randint(high, (self.batch_size * self.world_size,), generator=generator)
+        return starts[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         worker = get_worker_info()
-        generator = torch.Generator().manual_seed(self.seed + (worker.id if worker is not None else 0))
-        high = len(self.tokens) - self.block_size  # last start whose window has block_size + 1 tokens, plus 1
-        while True:
-            starts = torch.randint(high, (self.batch_size,), generator=generator)
-            yield window_batch(self.tokens, starts, self.block_size)
+        first, stride = self.first_batch(), 1
+        if worker is not None:
+            first, stride = first + worker.id, worker.num_workers
+        for index in itertools.count(first, stride):
+            yield window_batch(self.tokens, self.offsets(index), self.block_size)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Sent to a worker process: pin the start now rather than pickle the callable (and what it holds).
+        return {**self.__dict__, "start": self.first_batch()}
 
 
 class FixedBlocks(Dataset):
@@ -286,10 +326,18 @@ class TextDataModule(L.LightningDataModule):
                 )
 
     def train_dataloader(self) -> DataLoader:
-        blocks = RandomBlocks(self.splits["train"], self.block_size, self.batch_size, self.seed)
-        return DataLoader(
-            blocks, batch_size=None, num_workers=self.num_workers, persistent_workers=self.num_workers > 0
+        trainer = self.trainer
+        rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        blocks = RandomBlocks(
+            self.splits["train"], self.block_size, self.batch_size, self.seed, self.batches_consumed, rank, world_size
         )
+        # Not persistent: workers are forked at each iter(), so a new epoch starts from the current batch count.
+        return DataLoader(blocks, batch_size=None, num_workers=self.num_workers)
+
+    def batches_consumed(self) -> int:
+        """Training batches drawn so far (restored from the checkpoint on resume): where the stream goes on."""
+        trainer = self.trainer
+        return 0 if trainer is None else trainer.global_step * trainer.accumulate_grad_batches
 
     def _eval_loader(self, split: str) -> DataLoader:
         count = None if self.eval_batches is None else self.eval_batches * self.eval_batch_size
