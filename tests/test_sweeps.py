@@ -80,7 +80,7 @@ def test_sweep_job_rewrites_the_command_line_for_ddp_ranks_and_restores_it(
 
 
 def test_launcher_configs_take_their_resources_from_the_trainer(tmp_path: Path) -> None:
-    cfg = compose_config(["hydra/launcher=slurm", "trainer=multinode", "trainer.devices=8"], tmp_path)
+    cfg = compose_config(["hydra/launcher=submitit_slurm", "trainer=multinode", "trainer.devices=8"], tmp_path)
     launcher = cfg.hydra.launcher
     assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (2, 8, 8)
     assert launcher._target_.endswith("SlurmLauncher")
@@ -88,8 +88,17 @@ def test_launcher_configs_take_their_resources_from_the_trainer(tmp_path: Path) 
     settings = {key: launcher[key] for key in launcher if key != "submitit_folder"}
     slurm = instantiate({**settings, "submitit_folder": str(tmp_path / ".submitit")})
     assert type(slurm).__name__ == "SlurmLauncher"
-    cfg = compose_config(["hydra/launcher=parallel", "hydra.launcher.n_jobs=3"], tmp_path)
-    assert cfg.hydra.launcher._target_.endswith("JoblibLauncher") and cfg.hydra.launcher.n_jobs == 3
+    cfg = compose_config(["hydra/launcher=joblib"], tmp_path)
+    assert cfg.hydra.launcher._target_.endswith("JoblibLauncher")
+    assert (cfg.hydra.launcher.n_jobs, cfg.hydra.launcher.prefer) == (2, "processes")
+
+
+@pytest.mark.parametrize("launcher", ["submitit_slurm", "joblib"])
+def test_launcher_configs_named_like_the_plugins_compose_without_warnings(launcher: str) -> None:
+    # zoo's file shadows the plugin's structured config of that name; Hydra's notice about it is silenced.
+    result = run_cli([f"hydra/launcher={launcher}", "--cfg", "hydra", "-p", "hydra.launcher"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr == "" and "_target_: hydra_plugins." in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -112,7 +121,7 @@ def test_grid_sweep_in_parallel_records_a_failing_job_and_prints_the_summary(tmp
     # num_heads=3 does not divide dim=16: that job fails, the other one finishes, the sweep exits 0.
     result = run_cli(
         ["-m", "model=vit", "model.net.dim=16", "model.net.depth=1", "model.net.num_heads=2,3",
-         "hydra/launcher=parallel", f"paths.log_dir={tmp_outputs}", *TINY_VIT]
+         "hydra/launcher=joblib", f"paths.log_dir={tmp_outputs}", *TINY_VIT]
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     (sweep_dir,) = (tmp_outputs / "vit" / "multirun").iterdir()

@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import traceback
+import warnings
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -55,6 +56,13 @@ def claim_run_dir(path: str) -> str:
 
 # use_cache: one directory per config; Hydra copies the cache into every job of a sweep.
 OmegaConf.register_new_resolver("fresh_dir", claim_run_dir, use_cache=True, replace=True)
+
+# conf/hydra/launcher/{submitit_slurm,joblib}.yaml take the names of the plugins' structured configs on purpose
+# (users type the names they know); Hydra then validates each file against that schema and warns that this
+# matching is deprecated. The files list every field, so they also work once the matching is gone.
+warnings.filterwarnings(
+    "ignore", message=r"\s*'hydra/launcher/(submitit_slurm|joblib)' is validated against ConfigStore schema"
+)
 
 
 # ---------------------------------------------------------------------------------------------------------
