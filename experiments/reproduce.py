@@ -1,0 +1,444 @@
+"""Regenerate every headline number, table and plot of zoo: one command.
+
+    python experiments/reproduce.py --quick     # minutes on 2 CPU cores: every study, scaled down
+    python experiments/reproduce.py             # the real thing (hours on 2 CPU cores)
+    python experiments/reproduce.py --reuse     # keep finished runs, redo only what is missing (after a stop)
+    python experiments/reproduce.py --only speed gpt
+
+Studies (each is one script or one Hydra experiment, runnable on its own; this file only runs them and
+gathers their numbers):
+- attention: experiments/attention_benchmark.py, time and memory vs sequence length per variant;
+- speed: experiments/gpt_throughput.py (tokens/s of the GPT through Lightning vs a plain PyTorch loop vs
+  Hugging Face GPT-2, with MFU), experiments/vit_throughput.py (images/s vs timm), and
+  experiments/kv_cache_benchmark.py (per-token generation time vs context);
+- gpt, vit, translation, clip: quality per model x attention variant through `python run.py ...`, next to
+  the published anchors.
+
+Full mode writes experiments/results/RESULTS.md (and its PNG plots and the per-study files); --quick
+writes experiments/results/quick/ so that a quick check never replaces the committed figures. Training
+runs land in outputs/reproduce/<mode>/<run>/ (metrics.json, checkpoints, logs). Data: tiny-shakespeare and
+Multi30k are read from --shared (default ../shared/data, else they are downloaded when online),
+Fashion-MNIST from --fashion-mnist (default Debian's /usr/share/datasets/fashion-mnist, else downloaded).
+A study whose data cannot be found is reported as skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ROOT / "experiments"
+VARIANTS = ("full", "local", "linear", "rope")
+STUDIES = ("attention", "speed", "gpt", "vit", "translation", "clip")
+
+
+@dataclass
+class Run:
+    """One `python run.py` job of a quality study."""
+
+    study: str
+    name: str  # run directory name, unique within a mode
+    label: str  # row label in the tables
+    variant: str  # attention variant, or "-" where the experiment has one fixed attention
+    overrides: list[str]
+    metric: str  # the metrics.json key reported
+    anchor: str = ""
+    needs: list[Path] = field(default_factory=list)  # data that must exist (else the run is skipped)
+
+
+def quality_runs(args: argparse.Namespace) -> list[Run]:
+    quick, seeds = args.quick, range(args.seeds)
+    shakespeare = args.shared / "tinyshakespeare" / "input.txt"
+    multi30k = args.shared / "multi30k"
+    runs: list[Run] = []
+    for variant in VARIANTS:
+        for seed in seeds:
+            runs.append(Run(
+                "gpt", f"gpt_shakespeare_char-{variant}-seed{seed}", "GPT, tiny-shakespeare char (val loss)", variant,
+                ["experiment=gpt_shakespeare_char", f"attention={variant}", f"data.path={shakespeare}", f"seed={seed}",
+                 *(["trainer.max_steps=300", "trainer.val_check_interval=300"] if quick else [])],
+                "val/loss", "nanoGPT 1.88 (CPU run) / 1.4697 (GPU run)", [shakespeare],
+            ))  # fmt: skip
+    for variant in VARIANTS:
+        for seed in seeds:
+            runs.append(Run(
+                "vit", f"vit_digits-{variant}-seed{seed}", "ViT, digits (test accuracy)", variant,
+                ["model=vit", f"attention={variant}", f"seed={seed}", *(["trainer.max_epochs=10"] if quick else [])],
+                "test/acc", "SVC 0.969 (scikit-learn's example)",
+            ))  # fmt: skip
+    runs.append(Run(
+        "vit", "vit_fashion_mnist", "ViT, Fashion-MNIST (test accuracy)", "full",
+        ["experiment=vit_fashion_mnist", f"data.data_dir={args.fashion_mnist}",
+         *(["trainer.max_epochs=1", "+trainer.limit_train_batches=50", "+trainer.limit_test_batches=20"] if quick
+           else [])],
+        "test/acc", "small ViT 0.923", [args.fashion_mnist],
+    ))  # fmt: skip
+    runs.append(Run(
+        "translation", "translation_multi30k", "Transformer, Multi30k de-en test_2016_flickr (BLEU, beam 5)", "full",
+        ["experiment=translation_multi30k", f"data.data_dir={multi30k}",
+         *(["trainer.max_epochs=1", "+trainer.limit_train_batches=20", "+trainer.limit_val_batches=2",
+            "+trainer.limit_test_batches=2"] if quick else [])],
+        "test/bleu", "36.5 greedy at ~9M parameters", [multi30k],
+    ))  # fmt: skip
+    runs.append(Run(
+        "clip", "clip_fashion_mnist", "CLIP, Fashion-MNIST zero-shot (top-1)", "full",
+        ["experiment=clip_fashion_mnist", f"data.data_dir={args.fashion_mnist}",
+         *(["trainer.max_epochs=1", "+trainer.limit_train_batches=30", "+trainer.limit_val_batches=2"] if quick
+           else [])],
+        "test/zero_shot_top1", "", [args.fashion_mnist],
+    ))  # fmt: skip
+    return [run for run in runs if run.study in args.only]
+
+
+# -- running ---------------------------------------------------------------------------------------------
+def run_command(command: list[str], log: Path) -> tuple[int, float]:
+    """Run a command with its output teed to `log`; returns (exit code, wall seconds)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print("$ " + " ".join(command), flush=True)
+    start = time.perf_counter()
+    with open(log, "w") as handle:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in process.stdout:
+            handle.write(line)
+            if not line.startswith(("round ", "[")) or "error" in line.lower():
+                sys.stdout.write("  " + line)
+        code = process.wait()
+    return code, time.perf_counter() - start
+
+
+def run_quality(run: Run, runs_dir: Path, reuse: bool) -> dict:
+    out = runs_dir / run.name
+    metrics_file = out / "metrics.json"
+    missing = [str(path) for path in run.needs if not path.exists()]
+    if missing:
+        return {"status": f"skipped: {', '.join(missing)} not found"}
+    if reuse and metrics_file.is_file():
+        print(f"reusing {out}", flush=True)
+    else:
+        if out.exists():  # an unfinished or older run: keep it aside rather than delete it
+            out.rename(out.with_name(f"{out.name}.old-{datetime.now():%Y%m%d-%H%M%S}"))
+        command = [sys.executable, "run.py", *run.overrides, f"hydra.run.dir={out}", "print_config=false",
+                   "callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false"]  # fmt: skip
+        code, wall = run_command(command, runs_dir / f"{run.name}.log")
+        if code != 0 or not metrics_file.is_file():
+            return {"status": f"failed (exit {code}): see {runs_dir / f'{run.name}.log'}"}
+        (out / "wall_seconds.txt").write_text(f"{wall:.1f}\n")
+    metrics = json.loads(metrics_file.read_text())
+    wall_file = out / "wall_seconds.txt"
+    return {
+        "status": "ok", "value": metrics.get(run.metric), "metrics": metrics,
+        "wall_s": float(wall_file.read_text()) if wall_file.is_file() else None,
+        "date": datetime.fromtimestamp(metrics_file.stat().st_mtime).strftime("%Y-%m-%d"),
+    }  # fmt: skip
+
+
+def run_script(script: str, arguments: list[str], json_path: Path, logs: Path) -> dict | None:
+    code, _ = run_command([sys.executable, str(EXPERIMENTS / script), *arguments, "--json", str(json_path)],
+                          logs / f"{Path(script).stem}.log")  # fmt: skip
+    if code != 0 or not json_path.is_file():
+        print(f"{script} failed (exit {code}); see {logs / (Path(script).stem + '.log')}", flush=True)
+        return None
+    return json.loads(json_path.read_text())
+
+
+# -- machine ---------------------------------------------------------------------------------------------
+def machine() -> dict[str, str]:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError, StopIteration):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    info = {"CPU": cpu, "cores": str(os.cpu_count()), "torch": torch.__version__,
+            "GPU": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+            "python": platform.python_version(), "date": datetime.now().strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+    if hasattr(os, "getloadavg"):
+        info["load average at start"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    return info
+
+
+# -- tables and plots ------------------------------------------------------------------------------------
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def summarise_quality(runs: list[Run], results: dict[str, dict]) -> list[dict]:
+    """One row per (label, variant): the median over seeds of the reported metric."""
+    rows: dict[tuple[str, str], dict] = {}
+    for run in runs:
+        result = results[run.name]
+        row = rows.setdefault((run.label, run.variant), {"run": run, "values": [], "walls": [], "notes": set(),
+                                                         "dates": set()})  # fmt: skip
+        if result["status"] == "ok" and result["value"] is not None:
+            row["values"].append(result["value"])
+            row["dates"].add(result["date"])
+            if result["wall_s"] is not None:
+                row["walls"].append(result["wall_s"])
+        else:
+            row["notes"].add(result["status"] if result["status"] != "ok" else f"no {run.metric} in metrics.json")
+    summary = []
+    for (label, variant), row in rows.items():
+        values = row["values"]
+        summary.append({
+            "label": label, "variant": variant, "metric": row["run"].metric, "anchor": row["run"].anchor,
+            "median": statistics.median(values) if values else None, "n": len(values),
+            "range": (min(values), max(values)) if values else None,
+            "wall_min": statistics.median(row["walls"]) / 60 if row["walls"] else None,
+            "date": ", ".join(sorted(row["dates"])), "note": "; ".join(sorted(row["notes"])),
+        })  # fmt: skip
+    return summary
+
+
+def quality_markdown(summary: list[dict]) -> str:
+    rows = []
+    for row in summary:
+        digits = 1 if "bleu" in row["metric"] else (4 if "loss" in row["metric"] else 3)
+        spread = "" if row["n"] < 2 else f" ({fmt(row['range'][0], digits)}-{fmt(row['range'][1], digits)})"
+        rows.append([row["label"], row["variant"], fmt(row["median"], digits) + spread, row["n"],
+                     fmt(row["wall_min"], 1), row["anchor"] or "-", row["date"] or "-", row["note"] or ""])  # fmt: skip
+    header = ["model and task (metric)", "attention", "median (min-max)", "runs", "wall min / run", "published anchor",
+              "run date", "note"]  # fmt: skip
+    return table(header, rows)
+
+
+def plot_quality(summary: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = [("GPT, tiny-shakespeare", "val/loss", "validation loss (nats/char), lower is better", 1.88),
+              ("ViT, digits", "test/acc", "test accuracy, higher is better", 0.969)]  # fmt: skip
+    fig, axes = plt.subplots(1, len(groups), figsize=(10, 3.8))
+    for ax, (prefix, metric, ylabel, anchor) in zip(axes, groups):
+        rows = [r for r in summary if r["label"].startswith(prefix) and r["metric"] == metric and r["median"]]
+        names = [r["variant"] for r in rows]
+        medians = [r["median"] for r in rows]
+        errors = [[r["median"] - r["range"][0] for r in rows], [r["range"][1] - r["median"] for r in rows]]
+        ax.bar(names, medians, yerr=errors, capsize=4, color="tab:blue")
+        ax.axhline(anchor, color="tab:red", linestyle="--", label=f"anchor {anchor}")
+        if medians:
+            low, high = min(medians + [anchor]), max(medians + [anchor])
+            ax.set_ylim(low - 0.15 * (high - low + 1e-3) - 0.01, high + 0.15 * (high - low + 1e-3) + 0.01)
+        ax.set_title(prefix)
+        ax.set_xlabel("attention variant")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def speed_markdown(gpt: dict | None, vit: dict | None, kv: dict | None, figures: Path) -> tuple[str, list[str]]:
+    """The speed section and the headline lines it contributes."""
+    parts, headline = [], []
+    if gpt:
+        medians = {name: statistics.median(values) for name, values in gpt["tokens_per_s"].items()}
+        peak, per_token = gpt["peak_flops"], gpt["flops_per_token"]
+        a = gpt["args"]
+        rows = [[name, f"{value:,.0f}", f"{value * per_token / peak:.1%}", ", ".join(f"{v:,.0f}" for v in
+                 gpt["tokens_per_s"][name])] for name, value in medians.items()]  # fmt: skip
+        plain, lightning = medians.get("zoo GPT, plain loop"), medians.get("zoo GPT, Lightning")
+        hf = medians.get("HF GPT-2, plain loop")
+        ratios = [f"Lightning / plain loop **{lightning / plain:.3f}x** (target >= 0.97)"]
+        if hf:
+            ratios.append(f"Lightning / HF GPT-2 **{lightning / hf:.3f}x** (target >= 1.2)")
+        parts.append(
+            f"### GPT training throughput (`experiments/gpt_throughput.py`)\n\n{a['n_layer']} layers, {a['n_head']} "
+            f"heads, width {a['n_embd']}, block {a['block_size']}, batch {a['batch_size']}, fp32, {gpt['threads']} "
+            f"threads; median of {a['rounds']} interleaved rounds of {a['steps']} steps; MFU against a measured fp32 "
+            f"matmul peak of {peak / 1e9:.0f} GFLOP/s.\n\n"
+            + table(["path", "tokens/s", "MFU", "rounds"], rows) + "\n\n" + "; ".join(ratios) + "."
+        )
+        headline.append(f"| GPT training tokens/s, Lightning vs plain loop | {lightning / plain:.3f}x | >= 0.97x |")
+        if hf:
+            headline.append(f"| GPT training tokens/s, zoo vs Hugging Face GPT-2 | {lightning / hf:.3f}x | >= 1.2x |")
+        plot_bars(medians, "tokens/s (training)", "GPT training throughput", figures / "gpt_throughput.png")
+        parts.append("![GPT throughput](gpt_throughput.png)")
+    if vit:
+        a = vit["args"]
+        rows = [[name, f"{value:,.1f}"] for name, value in vit["median"].items()]
+        ratios = "; ".join(f"zoo / timm, {kind}: **{value:.3f}x**" for kind, value in vit["ratios"].items())
+        parts.append(
+            f"### ViT images/s vs timm (`experiments/vit_throughput.py`)\n\nImage {a['image_size']}, patch "
+            f"{a['patch_size']}, width {a['dim']}, depth {a['depth']}, {a['heads']} heads "
+            f"({vit['parameters'] / 1e6:.1f}M parameters), batch {a['batch_size']}, fp32, {vit['threads']} threads, "
+            f"the same weights in both; median of {a['rounds']} interleaved rounds.\n\n"
+            + table(["path", "images/s"], rows)
+            + (f"\n\n{ratios}." if ratios else "\n\ntimm is not installed: `pip install -e '.[bench]'`.")
+        )
+        for kind, value in vit["ratios"].items():
+            headline.append(f"| ViT {kind} images/s, zoo vs timm | {value:.3f}x | - |")
+    if kv:
+        a = kv["args"]
+        contexts = a["contexts"]
+        short, long = min(contexts), max(contexts)
+        rows = []
+        for name, row in kv["seconds_per_token"].items():
+            rows.append([name, *(f"{1000 * row[f'cached@{c}']:.2f}" for c in contexts),
+                         f"{row[f'cached@{long}'] / row[f'cached@{short}']:.2f}x"])  # fmt: skip
+        parts.append(
+            f"### Generation with the KV cache (`experiments/kv_cache_benchmark.py`)\n\nGPT {a['n_layer']} layers, "
+            f"width {a['n_embd']}, vocabulary {a['vocab_size']}, batch 1, fp32: milliseconds per generated token at "
+            f"each context length (median of {a['repeats']}), target: {long} vs {short} <= 1.5x.\n\n"
+            + table(["variant", *(f"ms/token @ {c}" for c in contexts), f"{long} / {short}"], rows)
+        )
+        worst = max(r[f"cached@{long}"] / r[f"cached@{short}"] for r in kv["seconds_per_token"].values())
+        headline.append(f"| per-token generation time, context {long} vs {short} (worst variant) | {worst:.2f}x | "
+                        f"<= 1.5x |")  # fmt: skip
+    return "\n\n".join(parts), headline
+
+
+def plot_bars(values: dict[str, float], ylabel: str, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(list(values), list(values.values()), color=["tab:blue", "tab:orange", "tab:gray"][: len(values)])
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def attention_markdown(out: Path) -> tuple[str, list[str]]:
+    csv_path = out / "attention_benchmark.csv"
+    if not csv_path.is_file():
+        return "", []
+    with open(csv_path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    cpu = [r for r in rows if r["device"] == "cpu"]
+    longest = max(int(r["length"]) for r in cpu)
+    at = {r["variant"]: r for r in cpu if int(r["length"]) == longest}
+    body = [
+        [name, f"{float(r['forward_ms']):.1f}", f"{float(r['train_ms']):.1f}", f"{float(r['forward_vs_sdpa']):.2f}x",
+         f"{float(r['forward_speedup_vs_full']):.2f}x", f"{float(r['train_peak_mib']):.0f}"]
+        for name, r in at.items()
+    ]  # fmt: skip
+    text = (
+        f"### Attention scaling (`experiments/attention_benchmark.py`)\n\nCausal self-attention, 4 heads of 64, "
+        f"fp32, CPU, at n = {longest} (every length, and how it is measured: "
+        f"[attention_benchmark.md](attention_benchmark.md)).\n\n"
+        + table(["variant", "forward ms", "forward+backward ms", "x bare SDPA", "speed-up vs full",
+                 "forward+backward peak MiB"], body)  # fmt: skip
+        + "\n\n![attention scaling](attention_benchmark.png)"
+    )
+    headline = [
+        f"| {name} attention speed-up vs full at n={longest} (forward) | "
+        f"{float(at[name]['forward_speedup_vs_full']):.2f}x | >= 5x |"
+        for name in ("local", "linear")
+        if name in at
+    ]
+    return text, headline
+
+
+def write_results(args, info, summary, attention, speed, out: Path) -> Path:
+    headline = ["| figure | measured | target |", "|---|---|---|", *attention[1], *speed[1]]
+    for row in summary:
+        if row["median"] is None:
+            continue
+        best_of = [r for r in summary if r["label"] == row["label"] and r["median"] is not None]
+        lower = "loss" in row["metric"]
+        best = min(best_of, key=lambda r: r["median"]) if lower else max(best_of, key=lambda r: r["median"])
+        if row is best:
+            digits = 1 if "bleu" in row["metric"] else (4 if lower else 3)
+            variant = f" ({row['variant']} attention)" if len(best_of) > 1 else ""
+            headline.append(f"| {row['label']}{variant} | {fmt(row['median'], digits)} | {row['anchor'] or '-'} |")
+    mode = "quick (scaled-down runs: the numbers show the pipeline works, not what the models reach)" if args.quick \
+        else "full"  # fmt: skip
+    text = [
+        "# zoo results",
+        f"Written by `python experiments/reproduce.py{' --quick' if args.quick else ''}` ({mode}). Every figure "
+        "below is regenerated by that command; speeds are ratios measured side by side in one process, quality "
+        f"figures are medians over {args.seeds} seed(s) where a row says runs > 1.",
+        table(["machine", ""], [[k, v] for k, v in info.items()]),
+        "## Headline\n\n" + "\n".join(headline),
+        "## Quality per model and attention variant\n\n" + quality_markdown(summary)
+        + "\n\n![quality](quality.png)",
+        "## Speed\n\n" + "\n\n".join(part for part in (attention[0], speed[0]) if part),
+    ]
+    path = out / "RESULTS.md"
+    path.write_text("\n\n".join(text) + "\n")
+    return path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="scaled-down runs: minutes on 2 CPU cores")
+    parser.add_argument("--reuse", action="store_true", help="keep runs that already have a metrics.json")
+    parser.add_argument("--only", nargs="+", choices=STUDIES, default=list(STUDIES), help="run these studies")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per GPT / digits row (default: full 3, quick 1)")
+    parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data",
+                        help="folder holding tinyshakespeare/input.txt and multi30k/")  # fmt: skip
+    parser.add_argument("--fashion-mnist", type=Path, default=Path("/usr/share/datasets/fashion-mnist"))
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default experiments/results[/quick])")
+    args = parser.parse_args(argv)
+    args.seeds = args.seeds or (1 if args.quick else 3)
+    args.out = args.out or EXPERIMENTS / "results" / ("quick" if args.quick else "")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    mode = "quick" if args.quick else "full"
+    runs_dir = ROOT / "outputs" / "reproduce" / mode
+    args.out.mkdir(parents=True, exist_ok=True)
+    info = machine()
+    started = time.perf_counter()
+
+    if "attention" in args.only:
+        command = [sys.executable, str(EXPERIMENTS / "attention_benchmark.py"), "--out", str(args.out)]
+        run_command(command + (["--quick", "--lengths", "256", "1024", "4096"] if args.quick else []),
+                    runs_dir / "attention_benchmark.log")  # fmt: skip
+    attention = attention_markdown(args.out)
+
+    speed_files = {name: runs_dir / f"{name}.json" for name in ("gpt_throughput", "vit_throughput", "kv_cache")}
+    if "speed" in args.only:
+        quick_gpt = ["--steps", "20", "--rounds", "2"] if args.quick else ["--rounds", "5"]
+        quick_vit = ["--depth", "4", "--steps", "3", "--rounds", "2"] if args.quick else ["--rounds", "5"]
+        quick_kv = ["--n-layer", "4", "--n-embd", "256", "--n-head", "4", "--new-tokens", "8"] if args.quick else []
+        run_script("gpt_throughput.py", quick_gpt, speed_files["gpt_throughput"], runs_dir)
+        run_script("vit_throughput.py", quick_vit, speed_files["vit_throughput"], runs_dir)
+        run_script("kv_cache_benchmark.py", quick_kv, speed_files["kv_cache"], runs_dir)
+    loaded = {k: json.loads(p.read_text()) if p.is_file() else None for k, p in speed_files.items()}
+    speed = speed_markdown(loaded["gpt_throughput"], loaded["vit_throughput"], loaded["kv_cache"], args.out)
+
+    runs = quality_runs(argparse.Namespace(**{**vars(args), "only": STUDIES}))
+    results = {}
+    for run in runs:
+        if run.study in args.only:
+            results[run.name] = run_quality(run, runs_dir, args.reuse)
+        elif (runs_dir / run.name / "metrics.json").is_file():  # not asked for: report what an earlier run left
+            results[run.name] = run_quality(run, runs_dir, reuse=True)
+        else:
+            results[run.name] = {"status": "not run"}
+    summary = summarise_quality(runs, results)
+    plot_quality(summary, args.out / "quality.png")
+    path = write_results(args, info, summary, attention, speed, args.out)
+    print(f"\nwrote {path.relative_to(ROOT)} in {(time.perf_counter() - started) / 60:.1f} min")
+    print(path.read_text().split("## Quality")[0])
+
+
+if __name__ == "__main__":
+    main()

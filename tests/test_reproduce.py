@@ -1,0 +1,61 @@
+"""experiments/reproduce.py: the runs it plans, what it does without data, and the results page it writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from experiments import reproduce
+
+
+def test_quick_plan_covers_every_model_and_variant_and_skips_missing_data(tmp_path: Path) -> None:
+    args = reproduce.parse_args(["--quick", "--shared", str(tmp_path / "nowhere"), "--fashion-mnist", str(tmp_path)])
+    assert args.seeds == 1 and args.out.name == "quick"  # a quick check never replaces the committed figures
+    runs = reproduce.quality_runs(args)
+    assert {(r.study, r.variant) for r in runs if r.study in ("gpt", "vit")} >= {
+        (study, variant) for study in ("gpt", "vit") for variant in reproduce.VARIANTS
+    }
+    assert {r.study for r in runs} == {"gpt", "vit", "translation", "clip"}
+    gpt = next(r for r in runs if r.study == "gpt")
+    assert "trainer.max_steps=300" in gpt.overrides
+    result = reproduce.run_quality(gpt, tmp_path / "runs", reuse=False)
+    assert result["status"].startswith("skipped") and "nowhere" in result["status"]
+    assert not (tmp_path / "runs").exists()  # nothing was started
+
+
+def test_reuse_reads_a_finished_run_without_running_it(tmp_path: Path) -> None:
+    run = reproduce.Run("vit", "vit_digits-full-seed0", "ViT, digits (test accuracy)", "full", [], "test/acc")
+    (tmp_path / run.name).mkdir()
+    (tmp_path / run.name / "metrics.json").write_text(json.dumps({"test/acc": 0.97}))
+    result = reproduce.run_quality(run, tmp_path, reuse=True)
+    assert result["status"] == "ok" and result["value"] == 0.97
+
+
+def test_results_page_has_machine_headline_medians_and_plots(tmp_path: Path) -> None:
+    args = reproduce.parse_args(["--out", str(tmp_path)])
+    runs, results = [], {}
+    for variant, values in (("full", [0.95, 0.97, 0.96]), ("rope", [0.98, 0.99, 0.97])):
+        for seed, value in enumerate(values):
+            run = reproduce.Run("vit", f"v-{variant}-{seed}", "ViT, digits (test accuracy)", variant, [], "test/acc",
+                                "SVC 0.969")  # fmt: skip
+            runs.append(run)
+            results[run.name] = {"status": "ok", "value": value, "wall_s": 60.0, "date": "2026-12-01"}
+    missing = reproduce.Run("translation", "t", "Transformer, Multi30k", "full", [], "test/bleu")
+    runs.append(missing)
+    results["t"] = {"status": "skipped: /x not found"}
+    summary = reproduce.summarise_quality(runs, results)
+    reproduce.plot_quality(summary, tmp_path / "quality.png")
+    gpt = {"tokens_per_s": {"zoo GPT, plain loop": [100.0, 110.0], "zoo GPT, Lightning": [99.0, 108.0],
+                            "HF GPT-2, plain loop": [80.0, 82.0]},
+           "peak_flops": 1e11, "flops_per_token": 1e6, "threads": 2,
+           "args": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "batch_size": 12, "rounds": 2,
+                    "steps": 20}}  # fmt: skip
+    speed = reproduce.speed_markdown(gpt, None, None, tmp_path)
+    path = reproduce.write_results(args, {"CPU": "test CPU", "cores": "2"}, summary, ("", []), speed, tmp_path)
+    text = path.read_text()
+    assert "| CPU | test CPU |" in text
+    assert "| ViT, digits (test accuracy) | rope | 0.980 (0.970-0.990) | 3 |" in text  # median and range of 3 seeds
+    assert "| ViT, digits (test accuracy) (rope attention) | 0.980 | SVC 0.969 |" in text  # the best variant leads
+    assert "skipped: /x not found" in text
+    assert "Lightning / plain loop **0.986x**" in text and "| GPT training tokens/s, Lightning vs plain loop" in text
+    assert (tmp_path / "quality.png").stat().st_size > 1000 and (tmp_path / "gpt_throughput.png").is_file()
