@@ -92,6 +92,21 @@ def test_media_are_ignored_by_csv_and_off_rank_zero(tmp_path: Path) -> None:
     log_image(module, "x", np.zeros((2, 2)))
 
 
+def test_log_image_saves_the_png_whatever_the_loggers_but_only_on_rank_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from matplotlib.image import imread
+
+    trainer = trainer_with(CSVLogger(str(tmp_path), name="csv", version=""), tmp_path)
+    log_image(trainer, "val/alignment", heatmap_figure(np.eye(3)), save_path=tmp_path / "alignments" / "val.png")
+    assert imread(tmp_path / "alignments" / "val.png").std() > 0  # CSV shows no images; the file is written
+    log_image(trainer, "val/gray", np.full((4, 5), 0.5), save_path=tmp_path / "gray.png")
+    assert imread(tmp_path / "gray.png").shape[:2] == (4, 5)
+    monkeypatch.setattr(L.Trainer, "is_global_zero", property(lambda self: False))
+    log_image(trainer, "val/alignment", np.zeros((4, 4)), save_path=tmp_path / "rank1.png")
+    assert not (tmp_path / "rank1.png").exists()
+
+
 class TwoLayers(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()

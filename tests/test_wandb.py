@@ -117,3 +117,50 @@ def test_offline_sweep_logs_metrics_lr_gradient_norms_config_and_media_one_run_p
     for job, run in runs.items():
         assert run.run_group == f"vit/{sweep_dir.name}" and run.display_name == f"{sweep_dir.name}/{job}"
         assert list(run.tags) == ["smoke"]
+
+
+# Tiny runs of the text models, a few steps each; every media key they log, and the files behind it.
+MEDIA_RUNS = {
+    "gpt": (
+        ["model=gpt", "data=text", "data.path={corpus}", "data.block_size=16", "data.eval_batches=1",
+         "model.net.n_layer=1", "model.net.n_embd=16", "model.net.n_head=2", "trainer.max_steps=4",
+         "trainer.val_check_interval=2", "model.sample.max_new_tokens=8"],
+        {"val/samples": ["step", "prompt", "sample"]},
+        [],
+    ),
+    "translation": (
+        ["model=translation", "data.num_train=200", "data.num_val=8", "data.num_test=8", "data.max_digits=3",
+         "data.vocab_size=300", "model.net.dim=16", "model.net.mlp_dim=32", "model.net.num_heads=2",
+         "model.net.encoder_layers=1", "model.net.decoder_layers=1", "model.beam_size=2", "trainer.max_epochs=1"],
+        {"val/samples": ["source", "reference", "hypothesis"], "test/samples": ["source", "reference", "hypothesis"]},
+        ["val/alignment", "test/alignment"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", sorted(MEDIA_RUNS))
+def test_offline_run_of_a_text_model_logs_its_sample_tables_and_alignment_images(model: str, tmp_outputs: Path) -> None:
+    overrides, tables, images = MEDIA_RUNS[model]
+    corpus = tmp_outputs / "corpus.txt"  # GPT's data.path
+    corpus.write_text("First Citizen: Before we proceed any further, hear me speak.\nAll: Speak, speak.\n" * 60)
+    run_dir = tmp_outputs / model
+    result = run_cli(
+        [*(o.format(corpus=corpus) for o in overrides), "logger=wandb", "callbacks.rich_progress_bar=null",
+         "print_config=false", f"paths.log_dir={tmp_outputs}", f"hydra.run.dir={run_dir}"],
+        env=NO_KEY,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_file,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    history = history_keys(wandb_records(run_file))
+    media = run_file.parent / "files" / "media"
+    for key, columns in tables.items():
+        assert f"{key}/_type" in history, f"{key} not logged; logged: {sorted(history)}"
+        (table, *_) = sorted((media / "table").glob(f"{key}_*.table.json"))
+        content = json.loads(table.read_text())
+        assert content["columns"] == columns and content["data"], content
+    for key in images:
+        assert f"{key}/_type" in history, f"{key} not logged; logged: {sorted(history)}"
+        assert list((media / "images").glob(f"{key}_*.png"))
+        stage = key.split("/")[0]
+        assert list((run_dir / "alignments").glob(f"{stage}_epoch*.png"))  # the PNGs in the run directory stay

@@ -81,17 +81,34 @@ def to_image_array(image: Any) -> np.ndarray:
     return array
 
 
+def save_png(array: np.ndarray, path: str | Path) -> None:
+    """An (H, W, C) uint8 image (as `to_image_array` returns) written as a PNG; folders are created."""
+    from matplotlib.image import imsave
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    imsave(path, array[..., 0] if array.shape[-1] == 1 else array, cmap="gray", format="png")
+
+
 def log_image(
-    owner: L.LightningModule | L.Trainer, key: str, image: Any, caption: str | None = None, step: int | None = None
+    owner: L.LightningModule | L.Trainer,
+    key: str,
+    image: Any,
+    caption: str | None = None,
+    step: int | None = None,
+    save_path: str | Path | None = None,
 ) -> None:
-    """Log one image (matplotlib Figure, (H, W[, C]) / (C, H, W) array or tensor) to every logger
-    that shows images. A Figure is closed after rendering, also when no logger wants it."""
+    """Log one image (matplotlib Figure, (H, W[, C]) / (C, H, W) array or tensor) to every logger that shows
+    images; with `save_path` also write it there as a PNG (on rank 0, whichever loggers the run has).
+    A Figure is closed after rendering, also when nobody wants it."""
     trainer, loggers = _media_loggers(owner)
-    if not wants_media(owner):
+    save = save_path is not None and (trainer is None or trainer.is_global_zero)
+    if not save and not wants_media(owner):
         if hasattr(image, "savefig"):
             close_figure(image)
         return
     array = to_image_array(image)
+    if save:
+        save_png(array, save_path)
     step = trainer.global_step if step is None and trainer is not None else step
     for logger in loggers:
         if isinstance(logger, WandbLogger):

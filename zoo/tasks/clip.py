@@ -15,6 +15,7 @@ import torchmetrics
 from tokenizers import Tokenizer
 
 from zoo.data.captions import CaptionDataModule, encode_captions, end_of_text_id
+from zoo.logging_utils import log_image
 from zoo.models.clip import CLIP, CLIPConfig
 from zoo.tasks.base import ZooTask
 from zoo.tasks.clip_evaluation import retrieval_metrics, similarity_figure, zero_shot_classifier
@@ -195,11 +196,4 @@ class CLIPTask(ZooTask):
         similarity = torch.stack(text_features) @ torch.stack(image_features).T  # (captions, images)
         figure = similarity_figure(torch.stack(pictures), captions, similarity)
         path = Path(self.trainer.default_root_dir) / "clip_similarity.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, dpi=120, bbox_inches="tight")
-        for logger in self.loggers:
-            experiment = getattr(logger, "experiment", None)
-            if hasattr(experiment, "add_figure"):  # TensorBoard
-                experiment.add_figure("test/similarity", figure, global_step=self.global_step)
-            elif hasattr(logger, "log_image"):  # Weights & Biases
-                logger.log_image(key="test/similarity", images=[str(path)])
+        log_image(self, "test/similarity", figure, save_path=path)

@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from tokenizers import Tokenizer
 
 from zoo.data.tokenizers import encode_text, tokenizer_from_string, tokenizer_kind, tokenizer_to_string
+from zoo.logging_utils import log_text_table
 from zoo.models.gpt import GPT, GPTConfig, check_sampling_options
 from zoo.pipeline import register_mode
 from zoo.tasks.base import ZooTask
@@ -165,11 +166,7 @@ class LanguageModelTask(ZooTask):
         )  # fmt: skip
         step = self.global_step
         print(f"\n--- sample at step {step} ---\n{text}\n---", flush=True)
-        for logger in self.loggers:
-            if hasattr(logger, "log_text"):  # wandb
-                logger.log_text(key="samples", columns=["step", "text"], data=[[step, text]])
-            elif hasattr(getattr(logger, "experiment", None), "add_text"):  # tensorboard
-                logger.experiment.add_text("samples", f"```\n{text}\n```", step)
+        log_text_table(self, "val/samples", ["step", "prompt", "sample"], [[step, options["prompt"], text]])
         root = Path(self.trainer.default_root_dir)
         if root.is_dir():
             with open(root / "samples.txt", "a", encoding="utf-8") as handle:

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer
 from zoo.data.errors import DataError
 from zoo.data.parallel import decode_ids, encode_sources, pad_sequences
 from zoo.data.tokenizers import BOS, EOS, PAD, tokenizer_from_string
+from zoo.logging_utils import heatmap_figure, log_image, log_text_table
 from zoo.models.translation import TranslationConfig, TranslationTransformer, beam_search, greedy_decode
 from zoo.pipeline import register_mode
 from zoo.tasks.base import ZooTask
@@ -55,25 +56,6 @@ def token_labels(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
     return labels
 
 
-def plot_alignment(weights: torch.Tensor, source: list[str], target: list[str], title: str = ""):
-    """Heatmap of cross-attention probabilities (T, S): rows target tokens, columns source tokens."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(1.0 + 0.35 * len(source), 1.0 + 0.3 * len(target)), dpi=100)
-    axis.imshow(weights.float().cpu().numpy(), cmap="Greys", vmin=0.0, aspect="auto")
-    axis.set_xticks(range(len(source)), source, rotation=90, fontsize=8)
-    axis.set_yticks(range(len(target)), target, fontsize=8)
-    axis.set_xlabel("source")
-    axis.set_ylabel("target")
-    if title:
-        axis.set_title(title, fontsize=9)
-    figure.tight_layout()
-    return figure
-
-
 def alignment_figure(
     net: TranslationTransformer, tokenizer: Tokenizer, source_ids: list[int], target_ids: list[int], title: str = ""
 ):
@@ -85,8 +67,15 @@ def alignment_figure(
     tgt = torch.tensor([[bos] + target_ids], device=device)
     weights = net.cross_attention_weights(src, tgt)[-1][0].mean(dim=0)  # (T, S)
     # Row t is the attention while predicting target token t (decoder input t is the token before it).
-    return plot_alignment(
-        weights, token_labels(tokenizer, source_ids), token_labels(tokenizer, target_ids + [eos]), title
+    return heatmap_figure(
+        weights,
+        row_labels=token_labels(tokenizer, target_ids + [eos]),
+        column_labels=token_labels(tokenizer, source_ids),
+        title=title,
+        xlabel="source",
+        ylabel="target",
+        cmap="Greys",
+        vmin=0.0,
     )
 
 
@@ -195,38 +184,30 @@ class TranslationTask(ZooTask):
             self._log_samples(batch, stage)
 
     def _log_samples(self, batch: dict[str, Any], stage: str) -> None:
-        """A few translations as text, and the alignment of the first as a heatmap (PNG + logger)."""
+        """A few translations as a table (source | reference | hypothesis), and the alignment of the first
+        as a heatmap (alignments/<stage>_epoch<n>.png in the run directory, and the loggers)."""
         count = min(self.hparams.num_samples, len(batch["src_text"]))
         if count == 0:
             return
         src = batch["src"][:count]
         translations = self.translate_ids(src, self.hparams.beam_size if stage == "test" else 1)
-        lines = []
-        for i in range(count):
-            lines.append(
-                f"src: {batch['src_text'][i]}\nref: {batch['tgt_text'][i]}\n"
-                f"hyp: {decode_ids(self.tokenizer, translations[i])}"
-            )
-        text = "\n\n".join(lines)
+        rows = [
+            [batch["src_text"][i], batch["tgt_text"][i], decode_ids(self.tokenizer, translations[i])]
+            for i in range(count)
+        ]
+        text = "\n\n".join(
+            f"src: {source}\nref: {reference}\nhyp: {hypothesis}" for source, reference, hypothesis in rows
+        )
         log.info("%s samples (epoch %d):\n%s", stage, self.current_epoch, text)
-        for logger in self.loggers:
-            if hasattr(logger.experiment, "add_text"):
-                logger.experiment.add_text(f"{stage}/samples", text.replace("\n", "  \n"), self.global_step)
+        log_text_table(self, f"{stage}/samples", ["source", "reference", "hypothesis"], rows)
         if not self.hparams.alignment_plots:
             return
         source_ids = [i for i in src[0].tolist() if i != self.net.config.pad_id]
         figure = alignment_figure(
             self.net, self.tokenizer, source_ids, translations[0], f"{stage} epoch {self.current_epoch}"
         )
-        folder = Path(self.trainer.default_root_dir) / "alignments"
-        folder.mkdir(parents=True, exist_ok=True)
-        figure.savefig(folder / f"{stage}_epoch{self.current_epoch:03d}.png")
-        for logger in self.loggers:
-            if hasattr(logger.experiment, "add_figure"):
-                logger.experiment.add_figure(f"{stage}/alignment", figure, self.global_step)
-        import matplotlib.pyplot as plt
-
-        plt.close(figure)
+        path = Path(self.trainer.default_root_dir) / "alignments" / f"{stage}_epoch{self.current_epoch:03d}.png"
+        log_image(self, f"{stage}/alignment", figure, save_path=path)
 
 
 # -- python run.py model=translation mode=translate ckpt_path=... text="..." -----------------------
