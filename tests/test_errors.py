@@ -2,8 +2,8 @@
 status 2, no traceback (unless HYDRA_FULL_ERROR=1), and nothing already on disk is lost.
 
 Each case runs `python run.py <args>` in this process (run.py executed as __main__ with runpy: the same
-code path as the command line, without a new interpreter per case). The same table is in README's
-troubleshooting section (docs/troubleshooting.md).
+code path as the command line, without a new interpreter per case). The same table is in README.md
+(Troubleshooting, Reading an error).
 """
 
 from __future__ import annotations
