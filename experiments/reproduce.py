@@ -30,6 +30,7 @@ import csv
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -336,9 +337,15 @@ def attention_markdown(out: Path) -> tuple[str, list[str]]:
          f"{float(r['forward_speedup_vs_full']):.2f}x", f"{float(r['train_peak_mib']):.0f}"]
         for name, r in at.items()
     ]  # fmt: skip
+    measured = ""
+    report = out / "attention_benchmark.md"
+    if report.is_file():  # the benchmark's own record of when and with how many threads it ran
+        pattern = r"^\| (date|torch threads|load average at start) \| (.+?) \|$"
+        fields = dict(re.findall(pattern, report.read_text(), re.M))
+        measured = ", ".join(f"{key} {value}" for key, value in fields.items()) + "; "
     text = (
         f"### Attention scaling (`experiments/attention_benchmark.py`)\n\nCausal self-attention, 4 heads of 64, "
-        f"fp32, CPU, at n = {longest} (every length, and how it is measured: "
+        f"fp32, CPU, at n = {longest} ({measured}every length, and how it is measured: "
         f"[attention_benchmark.md](attention_benchmark.md)).\n\n"
         + table(["variant", "forward ms", "forward+backward ms", "x bare SDPA", "speed-up vs full",
                  "forward+backward peak MiB"], body)  # fmt: skip
