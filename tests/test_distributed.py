@@ -26,7 +26,8 @@ TRAIN_ONLY = [
     REPLICA_CHECK,
 ]  # fmt: skip
 TINY_VIT = ["model=vit", "model.net.dim=16", "model.net.depth=1", "model.net.num_heads=2", "model.net.mlp_dim=32",
-            "data.augment=false", "model.scheduler.name=constant"]  # fmt: skip
+            "data.augment=false", "model.net.dropout=0", "model.net.drop_path=0",
+            "model.scheduler.name=constant"]  # fmt: skip
 TINY_GPT = ["model=gpt", "model.net.n_layer=1", "model.net.n_head=2", "model.net.n_embd=16", "data.block_size=16",
             "model.scheduler.warmup_steps=0", "trainer.val_check_interval=null"]  # fmt: skip
 

@@ -112,6 +112,7 @@ CASES = [
     ("no GPU for accelerator=gpu", ["trainer.accelerator=gpu"], ["accelerator=gpu", "no GPU", "cpu"]),
     ("unknown accelerator", ["trainer.accelerator=quantum"], ["'quantum'", "cpu"]),
     ("unknown precision", ["trainer.precision=fp8"], ["'fp8'", "32-true", "bf16-mixed"]),
+    ("unknown test checkpoint", ["test_ckpt=worst"], ["'worst'", "'best'", "'last'"]),
     ("data of another model family", ["model=vit", "data=text", "data.path={files}/corpus.txt"],
      ["data.image_size", "dataset made for the model"]),
     ("mandatory value not given", ["model=gpt", "data=text"], ["data.path", "Missing mandatory value"]),

@@ -32,7 +32,7 @@ from rich.tree import Tree
 
 from zoo.callbacks import AtomicCheckpointIO, CheckpointOnInterrupt, ResumeState, StopOnNonFiniteLoss
 from zoo.checkpoints import CheckpointError, check_task, check_weights, load_checkpoint
-from zoo.cli import EXIT_BAD_INPUT, full_error_requested, user_error_message
+from zoo.cli import EXIT_BAD_INPUT, UsageError, full_error_requested, user_error_message
 from zoo.logging_utils import log_hydra_config
 from zoo.sweep import trial_failed, trial_objective
 
@@ -195,8 +195,19 @@ def prepare_checkpoint(cfg: DictConfig, task: torch.nn.Module | None = None) -> 
     return str(requested)
 
 
+TEST_CHECKPOINTS = ("best", "last")
+
+
+def test_checkpoint(cfg: DictConfig) -> str:
+    choice = cfg.get("test_ckpt", "best")
+    if choice not in TEST_CHECKPOINTS:
+        raise UsageError(f"unknown test_ckpt {choice!r}; valid choices: {list(TEST_CHECKPOINTS)}")
+    return choice
+
+
 def train_and_test(cfg: DictConfig) -> dict[str, float]:
-    """Fit (if cfg.train), then test the best checkpoint (if cfg.test); returns all scalar metrics."""
+    """Fit (if cfg.train), then test the best (or last) checkpoint (if cfg.test); returns all scalar metrics."""
+    test_checkpoint(cfg)  # a bad choice fails before training, not after
     datamodule, task, trainer = build(cfg)
     metrics: dict[str, float] = {}
     ckpt_path = prepare_checkpoint(cfg, task)
@@ -212,9 +223,9 @@ def train_and_test(cfg: DictConfig) -> dict[str, float]:
                 raise
             sys.exit(130)  # Lightning exits 1 on Ctrl-C; 130 = 128 + SIGINT, as shells report it
         metrics.update(scalar_metrics(trainer.callback_metrics))
-        ckpt_path = None
+        ckpt_path = None  # test_ckpt=last: the weights training ended with
         checkpoint = trainer.checkpoint_callback
-        if checkpoint is not None and checkpoint.best_model_path:
+        if test_checkpoint(cfg) == "best" and checkpoint is not None and checkpoint.best_model_path:
             ckpt_path = checkpoint.best_model_path
     if cfg.get("test", True):
         if not cfg.get("train", True) and ckpt_path is None:
