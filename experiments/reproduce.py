@@ -95,7 +95,7 @@ def quality_runs(args: argparse.Namespace) -> list[Run]:
     ))  # fmt: skip
     runs.append(Run(
         "clip", "clip_fashion_mnist", "CLIP, Fashion-MNIST zero-shot (top-1)", "full",
-        ["experiment=clip_fashion_mnist", f"data.data_dir={args.fashion_mnist}",
+        ["experiment=clip_fashion_mnist", f"data.images.data_dir={args.fashion_mnist}",
          *(["trainer.max_epochs=1", "+trainer.limit_train_batches=30", "+trainer.limit_val_batches=2"] if quick
            else [])],
         "test/zero_shot_top1", "", [args.fashion_mnist],
