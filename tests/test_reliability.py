@@ -197,9 +197,19 @@ def signal_at_step(signum: int, step: int):
     return send
 
 
+@pytest.fixture
+def ctrl_c_live():
+    """A background job (`pytest ... &` in a script) starts with Ctrl-C ignored: make SIGINT interrupt again."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
 def test_interrupt_saves_a_checkpoint_after_the_current_batch_and_resume_completes(
-    tmp_path: Path, signum: int, capsys
+    tmp_path: Path, signum: int, capsys, ctrl_c_live
 ) -> None:
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
