@@ -225,20 +225,21 @@ def plot_quality(summary: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = [("GPT, tiny-shakespeare", "val/loss", "validation loss (nats/char), lower is better", 1.88),
-              ("ViT, digits", "test/acc", "test accuracy, higher is better", 0.969)]  # fmt: skip
+    groups = [("GPT, tiny-shakespeare", "val/loss", "validation loss (nats/char), lower is better", 1.88,
+               "nanoGPT CPU run"),
+              ("ViT, digits", "test/acc", "test accuracy, higher is better", 0.969, "SVC (scikit-learn)")]  # fmt: skip
     fig, axes = plt.subplots(1, len(groups), figsize=(10, 3.8))
-    for ax, (prefix, metric, ylabel, anchor) in zip(axes, groups):
+    for ax, (prefix, metric, ylabel, anchor, anchor_name) in zip(axes, groups):
         rows = [r for r in summary if r["label"].startswith(prefix) and r["metric"] == metric and r["median"]]
         names = [r["variant"] for r in rows]
         medians = [r["median"] for r in rows]
         errors = [[r["median"] - r["range"][0] for r in rows], [r["range"][1] - r["median"] for r in rows]]
         ax.bar(names, medians, yerr=errors, capsize=4, color="tab:blue")
-        ax.axhline(anchor, color="tab:red", linestyle="--", label=f"anchor {anchor}")
+        ax.axhline(anchor, color="tab:red", linestyle="--", label=f"{anchor_name}: {anchor}")
         if medians:
             low, high = min(medians + [anchor]), max(medians + [anchor])
             ax.set_ylim(low - 0.15 * (high - low + 1e-3) - 0.01, high + 0.15 * (high - low + 1e-3) + 0.01)
-        ax.set_title(prefix)
+        ax.set_title(f"{prefix} (median of seeds, whiskers min-max)", fontsize=10)
         ax.set_xlabel("attention variant")
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8)
@@ -361,7 +362,7 @@ def attention_markdown(out: Path) -> tuple[str, list[str]]:
 
 
 def write_results(args, info, summary, attention, speed, out: Path) -> Path:
-    headline = ["| figure | measured | target |", "|---|---|---|", *attention[1], *speed[1]]
+    headline = ["| figure | measured | target or published anchor |", "|---|---|---|", *attention[1], *speed[1]]
     for row in summary:
         if row["median"] is None:
             continue
@@ -381,7 +382,8 @@ def write_results(args, info, summary, attention, speed, out: Path) -> Path:
         f"figures are medians over {args.seeds} seed(s) where a row says runs > 1.",
         table(["machine", ""], [[k, v] for k, v in info.items()]),
         "## Headline\n\n" + "\n".join(headline),
-        "## Quality per model and attention variant\n\n" + quality_markdown(summary)
+        "## Quality per model and attention variant\n\nWall times are as measured: they depend on what else the "
+        "machine ran (each run's log in outputs/reproduce/ says when it ran).\n\n" + quality_markdown(summary)
         + "\n\n![quality](quality.png)",
         "## Speed\n\n" + "\n\n".join(part for part in (attention[0], speed[0]) if part),
     ]
