@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if "attention" in args.only:
         command = [sys.executable, str(EXPERIMENTS / "attention_benchmark.py"), "--out", str(args.out)]
-        run_command(command + (["--quick", "--lengths", "256", "1024", "4096"] if args.quick else []),
+        run_command(command + (["--quick", "--lengths", "1024", "2048", "4096"] if args.quick else []),
                     runs_dir / "attention_benchmark.log")  # fmt: skip
     attention = attention_markdown(args.out)
 
