@@ -106,14 +106,14 @@ def test_training_pairs_longer_than_max_length_are_dropped(tmp_path: Path) -> No
     assert max(train.lengths()) <= 16 and max(test.lengths()) <= 16  # evaluation sentences are truncated
 
 
-def test_set_tokenizer_reencodes_with_the_given_vocabulary(tmp_path: Path) -> None:
+def test_use_tokenizer_reencodes_with_the_given_vocabulary(tmp_path: Path) -> None:
     module, other = text_module(tmp_path), text_module(tmp_path, seed=1)
     module.setup()
     other.tokenizer = None
     other.texts = {split: (["x y z"] * 5, ["z y x"] * 5) for split in ("train", "val", "test")}
     other.setup()
     before = module.dataset("val").source[0]
-    module.set_tokenizer(other.tokenizer)
+    module.use_tokenizer(other.tokenizer)
     assert module.tokenizer is other.tokenizer
     assert module.dataset("val").source[0] != before
 

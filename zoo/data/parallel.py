@@ -213,7 +213,7 @@ class TranslationDataModule(L.LightningDataModule):
                 batched(source + target), self.vocab_size, min_frequency=self.min_frequency, add_prefix_space=True
             )
 
-    def set_tokenizer(self, tokenizer: Tokenizer) -> None:
+    def use_tokenizer(self, tokenizer: Tokenizer) -> None:
         """Use this (e.g. a checkpoint's) tokenizer from now on instead of the one trained in setup."""
         self.tokenizer = tokenizer
         self._datasets.clear()

@@ -62,5 +62,10 @@ class ZooTask(L.LightningModule):
             self.restore_tokenizer(tokenizer_from_string(checkpoint["tokenizer"]))
 
     def restore_tokenizer(self, tokenizer: Any) -> None:
-        """Take a checkpoint's tokenizer; tasks whose data must encode with it hand it on."""
+        """Take a checkpoint's tokenizer and hand it to a datamodule that encodes text (`use_tokenizer`), so
+        the data is encoded with the model's own vocabulary; keep the datamodule's prepared copy."""
         self.tokenizer = tokenizer
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if hasattr(datamodule, "use_tokenizer"):
+            datamodule.use_tokenizer(tokenizer)
+            self.tokenizer = datamodule.tokenizer

@@ -98,13 +98,6 @@ class CLIPTask(ZooTask):
                 f"model.net.text.eot_token_id={text.eot_token_id}"
             )
 
-    def restore_tokenizer(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer = tokenizer
-        trainer = self._trainer
-        if trainer is not None and isinstance(trainer.datamodule, CaptionDataModule):
-            trainer.datamodule.use_tokenizer(self.tokenizer)
-            self.tokenizer = trainer.datamodule.tokenizer
-
     # -- inference ------------------------------------------------------------------------------------
     def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.net(images, tokens)

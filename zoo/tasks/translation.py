@@ -123,12 +123,6 @@ class TranslationTask(ZooTask):
                 f"{(cfg.pad_id, cfg.bos_id, cfg.eos_id)}"
             )
 
-    def restore_tokenizer(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer = tokenizer
-        trainer = self._trainer
-        if trainer is not None and getattr(trainer, "datamodule", None) is not None:
-            trainer.datamodule.set_tokenizer(self.tokenizer)  # data encoded with the model's own vocabulary
-
     # -- training -------------------------------------------------------------------------------
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         return self.net(src, tgt)
