@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 
 from zoo.data.text import RandomBlocks
 from zoo.models.gpt import GPT, GPTConfig
+from zoo.precision import mixed_precision_plugin
 from zoo.tasks.language_model import LanguageModelTask
 from zoo.tasks.optim import build_optimizer, lr_multiplier
 
@@ -47,6 +48,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face GPT-2")
+    parser.add_argument(
+        "--precision",
+        choices=["32-true", "bf16-mixed"],
+        default="32-true",
+        help="bf16-mixed: torch.autocast(bfloat16) in every path (Lightning's precision flag)",
+    )
+    parser.add_argument("--unfused", action="store_true", help="Adam's per-tensor loop instead of the fused kernel")
     parser.add_argument("--json", type=str, default=None, help="also write the results to this file")
     return parser.parse_args()
 
@@ -72,7 +80,9 @@ def flops_per_token(model: GPT) -> float:
 
 def plain_loop(model: torch.nn.Module, logits_of: Callable, batches, args, total_steps: int) -> float:
     """The training loop without Lightning; returns tokens/s over the timed steps."""
-    optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99))
+    fused = False if args.unfused else None
+    optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), fused=fused)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed")
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier("cosine", total_steps, 100, 0.1))
     model.train()
     start = None
@@ -80,8 +90,9 @@ def plain_loop(model: torch.nn.Module, logits_of: Callable, batches, args, total
         if step == args.warmup:
             start = time.perf_counter()
         x, y = next(batches)
-        logits = logits_of(model, x)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        with autocast:
+            logits = logits_of(model, x)
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -108,15 +119,16 @@ class StepTimer(L.Callback):
 def lightning_path(net: dict, loader: DataLoader, args) -> float:
     task = LanguageModelTask(
         net=net,
-        optimizer={"lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99]},
+        optimizer={"lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99], **({"fused": False} if args.unfused else {})},
         scheduler={"warmup_steps": 100, "min_lr": 1e-4},
         sample={"max_new_tokens": 0},
     )
     timer = StepTimer(args.warmup)
+    plugins = [mixed_precision_plugin(args.precision, "cpu")] if args.precision != "32-true" else []
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_steps=args.warmup + args.steps, gradient_clip_val=1.0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-        callbacks=[timer],
+        callbacks=[timer], plugins=plugins,
     )  # fmt: skip
     trainer.fit(task, train_dataloaders=loader)
     return args.steps * args.batch_size * args.block_size / (timer.end - timer.start)
@@ -181,7 +193,8 @@ def main() -> None:
     print(
         f"\nGPT n_layer={args.n_layer} n_head={args.n_head} n_embd={args.n_embd} block={args.block_size} "
         f"batch={args.batch_size} vocab={args.vocab_size}: {model.num_parameters() / 1e6:.2f}M parameters, "
-        f"{per_token / 1e6:.1f} MFLOP/token; fp32; torch {torch.__version__}, {torch.get_num_threads()} threads"
+        f"{per_token / 1e6:.1f} MFLOP/token; {args.precision}{', unfused Adam' if args.unfused else ''}; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
     print(f"matmul peak (fp32 2048^2): {peak / 1e9:.0f} GFLOP/s\n")
     print(f"{'path':<22} {'tokens/s':>10} {'ms/step':>8} {'MFU':>6}  rounds")

@@ -56,13 +56,22 @@ class Run:
     overrides: list[str]
     metric: str  # the metrics.json key reported
     anchor: str = ""
-    needs: list[Path] = field(default_factory=list)  # data that must exist (else the run is skipped)
+    needs: list[Path] = field(default_factory=list)  # files that must exist, as glob patterns (else skipped)
 
 
 def quality_runs(args: argparse.Namespace) -> list[Run]:
     quick, seeds = args.quick, range(args.seeds)
     shakespeare = args.shared / "tinyshakespeare" / "input.txt"
     multi30k = args.shared / "multi30k"
+    multi30k_files = [multi30k / f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr")
+                      for lang in ("de", "en")]  # fmt: skip
+    idx_files = (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    )
+    fashion_files = [args.fashion_mnist / f"{name}*" for name in idx_files]  # plain or .gz
     runs: list[Run] = []
     for variant in VARIANTS:
         for seed in seeds:
@@ -84,21 +93,21 @@ def quality_runs(args: argparse.Namespace) -> list[Run]:
         ["experiment=vit_fashion_mnist", f"data.data_dir={args.fashion_mnist}",
          *(["trainer.max_epochs=1", "+trainer.limit_train_batches=50", "+trainer.limit_test_batches=20"] if quick
            else [])],
-        "test/acc", "small ViT 0.923", [args.fashion_mnist],
+        "test/acc", "small ViT 0.923", fashion_files,
     ))  # fmt: skip
     runs.append(Run(
         "translation", "translation_multi30k", "Transformer, Multi30k de-en test_2016_flickr (BLEU, beam 5)", "full",
         ["experiment=translation_multi30k", f"data.data_dir={multi30k}",
          *(["trainer.max_epochs=1", "+trainer.limit_train_batches=20", "+trainer.limit_val_batches=2",
             "+trainer.limit_test_batches=2"] if quick else [])],
-        "test/bleu", "36.5 greedy at ~9M parameters", [multi30k],
+        "test/bleu", "36.5 greedy at ~9M parameters", multi30k_files,
     ))  # fmt: skip
     runs.append(Run(
         "clip", "clip_fashion_mnist", "CLIP, Fashion-MNIST zero-shot (top-1)", "full",
         ["experiment=clip_fashion_mnist", f"data.images.data_dir={args.fashion_mnist}",
          *(["trainer.max_epochs=1", "+trainer.limit_train_batches=30", "+trainer.limit_val_batches=2"] if quick
            else [])],
-        "test/zero_shot_top1", "", [args.fashion_mnist],
+        "test/zero_shot_top1", "", fashion_files,
     ))  # fmt: skip
     return [run for run in runs if run.study in args.only]
 
@@ -122,7 +131,7 @@ def run_command(command: list[str], log: Path) -> tuple[int, float]:
 def run_quality(run: Run, runs_dir: Path, reuse: bool) -> dict:
     out = runs_dir / run.name
     metrics_file = out / "metrics.json"
-    missing = [str(path) for path in run.needs if not path.exists()]
+    missing = [str(path) for path in run.needs if not any(path.parent.glob(path.name))]
     if missing:
         return {"status": f"skipped: {', '.join(missing)} not found"}
     if reuse and metrics_file.is_file():
@@ -267,7 +276,10 @@ def speed_markdown(gpt: dict | None, vit: dict | None, kv: dict | None, figures:
             f"heads, width {a['n_embd']}, block {a['block_size']}, batch {a['batch_size']}, fp32, {gpt['threads']} "
             f"threads; median of {a['rounds']} interleaved rounds of {a['steps']} steps; MFU against a measured fp32 "
             f"matmul peak of {peak / 1e9:.0f} GFLOP/s.\n\n"
-            + table(["path", "tokens/s", "MFU", "rounds"], rows) + "\n\n" + "; ".join(ratios) + "."
+            + table(["path", "tokens/s", "MFU", "rounds"], rows)
+            + "\n\n"
+            + "; ".join(ratios)
+            + "."
         )
         headline.append(f"| GPT training tokens/s, Lightning vs plain loop | {lightning / plain:.3f}x | >= 0.97x |")
         if hf:
@@ -348,8 +360,17 @@ def attention_markdown(out: Path) -> tuple[str, list[str]]:
         f"### Attention scaling (`experiments/attention_benchmark.py`)\n\nCausal self-attention, 4 heads of 64, "
         f"fp32, CPU, at n = {longest} ({measured}every length, and how it is measured: "
         f"[attention_benchmark.md](attention_benchmark.md)).\n\n"
-        + table(["variant", "forward ms", "forward+backward ms", "x bare SDPA", "speed-up vs full",
-                 "forward+backward peak MiB"], body)  # fmt: skip
+        + table(
+            [
+                "variant",
+                "forward ms",
+                "forward+backward ms",
+                "x bare SDPA",
+                "speed-up vs full",
+                "forward+backward peak MiB",
+            ],
+            body,
+        )  # fmt: skip
         + "\n\n![attention scaling](attention_benchmark.png)"
     )
     headline = [
@@ -383,7 +404,8 @@ def write_results(args, info, summary, attention, speed, out: Path) -> Path:
         table(["machine", ""], [[k, v] for k, v in info.items()]),
         "## Headline\n\n" + "\n".join(headline),
         "## Quality per model and attention variant\n\nWall times are as measured: they depend on what else the "
-        "machine ran (each run's log in outputs/reproduce/ says when it ran).\n\n" + quality_markdown(summary)
+        "machine ran (each run's log in outputs/reproduce/ says when it ran).\n\n"
+        + quality_markdown(summary)
         + "\n\n![quality](quality.png)",
         "## Speed\n\n" + "\n\n".join(part for part in (attention[0], speed[0]) if part),
     ]
@@ -445,7 +467,8 @@ def main(argv: list[str] | None = None) -> None:
     summary = summarise_quality(runs, results)
     plot_quality(summary, args.out / "quality.png")
     path = write_results(args, info, summary, attention, speed, args.out)
-    print(f"\nwrote {path.relative_to(ROOT)} in {(time.perf_counter() - started) / 60:.1f} min")
+    shown = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
+    print(f"\nwrote {shown} in {(time.perf_counter() - started) / 60:.1f} min")
     print(path.read_text().split("## Quality")[0])
 
 

@@ -47,3 +47,105 @@ def run_cli(
         timeout=timeout,
         env=full_env,
     )
+
+
+def run_in_process(args: list[str], capsys) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `python run.py <args>`, run in this process: run.py executed as
+    __main__ with runpy, the command line's own code path without a new interpreter per run."""
+    import runpy
+
+    argv = sys.argv
+    sys.argv = [str(ROOT / "run.py"), *args]
+    try:
+        runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    finally:
+        sys.argv = argv
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- tiny stand-ins for the data the experiments read (generated, offline) ---------------------------------
+def write_idx(path: Path, array) -> None:
+    """An unsigned-byte IDX file (LeCun's MNIST format), gzipped when the name ends in .gz."""
+    import gzip
+
+    import numpy as np
+
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wb") as handle:
+        handle.write(header + array.tobytes())
+
+
+def tiny_fashion_mnist(folder: Path, train: int = 256, test: int = 64) -> Path:
+    """Fashion-MNIST's four idx files with random 28x28 images: what data.data_dir points at."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for prefix, count in (("train", train), ("t10k", test)):
+        write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (count, 28, 28)))
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", np.arange(count) % 10)
+    return folder
+
+
+def tiny_multi30k(folder: Path, pairs: int = 48) -> Path:
+    """Multi30k's {train,val,test_2016_flickr}.{de,en}.gz with a few made-up caption pairs."""
+    import gzip
+
+    folder.mkdir(parents=True, exist_ok=True)
+    german = ["ein Mann", "eine Frau", "zwei Hunde", "ein Kind", "drei Katzen", "ein Pferd"]
+    english = ["a man", "a woman", "two dogs", "a child", "three cats", "a horse"]
+    verbs = [("läuft", "runs"), ("spielt", "plays"), ("schläft", "sleeps"), ("springt", "jumps")]
+    lines = {"de": [], "en": []}
+    for i in range(pairs):
+        (de_verb, en_verb), subject = verbs[i % len(verbs)], i % len(german)
+        lines["de"].append(f"{german[subject]} {de_verb} im Park .")
+        lines["en"].append(f"{english[subject]} {en_verb} in the park .")
+    for split in ("train", "val", "test_2016_flickr"):
+        for lang, text in lines.items():
+            with gzip.open(folder / f"{split}.{lang}.gz", "wt", encoding="utf-8") as handle:
+                handle.write("\n".join(text) + "\n")
+    return folder
+
+
+def tiny_text(path: Path, repeats: int = 200) -> Path:
+    """A small play-like corpus, the shape of tiny-shakespeare's input.txt."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nO Romeo.\n\n" * repeats)
+    return path
+
+
+def tiny_datasets(root: Path) -> dict[str, Path]:
+    """Every file-backed dataset the configs read, generated small under `root`."""
+    return {
+        "fashion_mnist": tiny_fashion_mnist(root / "fashion-mnist"),
+        "multi30k": tiny_multi30k(root / "multi30k"),
+        "text": tiny_text(root / "tinyshakespeare" / "input.txt"),
+    }
+
+
+def tiny_data_overrides(cfg: DictConfig, data: dict[str, Path]) -> list[str]:
+    """Overrides pointing a composed config's data at the tiny files, by the data module it builds (the image
+    module of a caption dataset sits under data.images). A file-backed module not listed here is an error:
+    a test must not read real data or download."""
+    files = {
+        "FashionMNISTDataModule": ("data_dir", data["fashion_mnist"]),
+        "Multi30kDataModule": ("data_dir", data["multi30k"]),
+        "ShakespeareDataModule": ("path", data["text"]),
+    }
+    overrides = []
+    for prefix, node in (("data", cfg.data), ("data.images", cfg.data.get("images"))):
+        if node is None or "_target_" not in node:
+            continue
+        name = node._target_.rsplit(".", 1)[-1]
+        if name in files:
+            key, path = files[name]
+            overrides.append(f"{prefix}.{key}={path}")
+        elif "download" in node:
+            raise AssertionError(f"{name} reads files or downloads: add tiny generated data for it to tests/helpers.py")
+    return overrides

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests.helpers import ROOT
+from tests.helpers import run_in_process as run_cli
 
 QUIET = ["print_config=false", "logger=csv", "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 TINY_VIT = ["model=vit", "model.net.dim=16", "model.net.depth=1", "model.net.num_heads=2", "model.net.mlp_dim=32"]
@@ -27,21 +28,6 @@ TINY_GPT = [
 ]  # fmt: skip
 TINY_TRANSLATION = ["model=translation", "model.net.dim=16", "model.net.num_heads=2", "model.net.mlp_dim=32"]
 ONE_STEP = ["trainer.max_epochs=1", "+trainer.limit_train_batches=1", "trainer.limit_val_batches=1"]
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of `python run.py <args>`, run in this process."""
-    argv = sys.argv
-    sys.argv = [str(ROOT / "run.py"), *args]
-    try:
-        runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    finally:
-        sys.argv = argv
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def snapshot(root: Path) -> dict[str, str]:

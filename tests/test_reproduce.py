@@ -20,7 +20,19 @@ def test_quick_plan_covers_every_model_and_variant_and_skips_missing_data(tmp_pa
     assert "trainer.max_steps=300" in gpt.overrides
     result = reproduce.run_quality(gpt, tmp_path / "runs", reuse=False)
     assert result["status"].startswith("skipped") and "nowhere" in result["status"]
+    # A Fashion-MNIST folder that exists but holds no idx files is missing data too (no download attempt).
+    clip = next(r for r in runs if r.study == "clip")
+    result = reproduce.run_quality(clip, tmp_path / "runs", reuse=False)
+    assert result["status"].startswith("skipped") and "train-images-idx3-ubyte" in result["status"]
     assert not (tmp_path / "runs").exists()  # nothing was started
+
+
+def test_results_can_be_written_outside_the_repository(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "elsewhere"
+    reproduce.main(["--quick", "--only", "gpt", "--shared", str(tmp_path / "nowhere"), "--out", str(out)])
+    text = (out / "RESULTS.md").read_text()
+    assert "skipped" in text and str(tmp_path / "nowhere") in text
+    assert f"wrote {out / 'RESULTS.md'}" in capsys.readouterr().out
 
 
 def test_reuse_reads_a_finished_run_without_running_it(tmp_path: Path) -> None:

@@ -310,7 +310,21 @@ def user_error_message(error: BaseException, args: list[str] | None = None) -> s
         return message
     if isinstance(error, user_error_types()):
         return one_line(str(error)) or type(error).__name__
+    if refused_by_lightning_setup(error):
+        return f"Lightning refuses this combination of settings: {one_line(str(error))}"
     return override_type_message(args) if args else None
+
+
+# Where Lightning checks the trainer's settings (precision, accelerator, strategy, plugins): a RuntimeError
+# raised there is a refused combination of options, not a bug.
+LIGHTNING_SETUP = ("lightning/pytorch/plugins/", "lightning/pytorch/trainer/connectors/", "lightning/fabric/plugins/")
+
+
+def refused_by_lightning_setup(error: BaseException) -> bool:
+    if not isinstance(error, RuntimeError) or error.__traceback__ is None:
+        return False
+    innermost = traceback.extract_tb(error.__traceback__)[-1].filename.replace("\\", "/")
+    return any(part in innermost for part in LIGHTNING_SETUP)
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:

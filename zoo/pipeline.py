@@ -22,6 +22,7 @@ import hydra
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.plugins import Precision
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -34,6 +35,7 @@ from zoo.callbacks import AtomicCheckpointIO, CheckpointOnInterrupt, ResumeState
 from zoo.checkpoints import CheckpointError, check_task, check_weights, load_checkpoint
 from zoo.cli import EXIT_BAD_INPUT, UsageError, full_error_requested, user_error_message
 from zoo.logging_utils import log_hydra_config
+from zoo.precision import mixed_precision_plugin
 from zoo.sweep import trial_failed, trial_objective
 
 log = logging.getLogger("zoo")
@@ -150,8 +152,15 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule, L.
     plugins = plugins if isinstance(plugins, list) else [plugins]
     if not any(isinstance(p, CheckpointIO) for p in plugins):
         plugins.append(AtomicCheckpointIO())
+    options = {}
+    strategy = cfg.trainer.get("strategy")
+    strategy = OmegaConf.to_container(strategy) if isinstance(strategy, DictConfig) else strategy
+    precision = mixed_precision_plugin(cfg.trainer.get("precision"), str(cfg.trainer.get("accelerator")), strategy)
+    if precision is not None and not any(isinstance(p, Precision) for p in plugins):
+        plugins.append(precision)  # clips gradients with fused optimisers too (zoo/precision.py)
+        options["precision"] = None
     trainer = hydra.utils.instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=plugins, _convert_="all"
+        cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=plugins, _convert_="all", **options
     )
     return datamodule, task, trainer
 

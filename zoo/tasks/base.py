@@ -53,6 +53,17 @@ class ZooTask(L.LightningModule):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
+    ) -> None:
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        if gradient_clip_val and isinstance(self.trainer.strategy, FSDPStrategy) and gradient_clip_algorithm != "value":
+            # Parameters are sharded: only the root FSDP module knows the global norm (FSDP.clip_grad_norm_).
+            self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.tokenizer is not None:
             checkpoint["tokenizer"] = tokenizer_to_string(self.tokenizer)  # plain text: weights_only-safe

@@ -34,7 +34,10 @@ def build_optimizer(
     weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
+    fused: bool | None = None,
 ) -> torch.optim.Optimizer:
+    """Adam or AdamW; `fused` None picks the fused kernel wherever it runs (all parameters on one CPU or CUDA
+    device), False the per-tensor (foreach) loop."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; valid choices: {list(OPTIMIZERS)}")
     cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
@@ -45,8 +48,9 @@ def build_optimizer(
     )
     # The fused kernel updates every parameter in one pass: 2-3x faster steps than the per-tensor loop on CPU
     # (measured on the 0.8M-parameter shakespeare GPT: 1.3 vs 2.9 ms), and the usual choice on CUDA.
-    devices = {p.device.type for p in model.parameters()}
-    fused = devices <= {"cpu", "cuda"} and len(devices) == 1
+    if fused is None:
+        devices = {p.device.type for p in model.parameters()}
+        fused = devices <= {"cpu", "cuda"} and len(devices) == 1
     return cls(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused or None)
 
 

@@ -1,0 +1,193 @@
+"""Every `python run.py ...` command in README.md runs as written, in one-batch form (`debug=fdr`).
+
+Commands are read from the README's code blocks and inline code. Placeholders (`<multi30k folder>`, the
+example run directory) are filled with tiny generated data and a run made here; commands that need
+hardware this machine lacks (a GPU, several nodes, SLURM) are composed (`--cfg job`) instead of run. A
+command shown with an `error:` line below it must end with exactly that line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import ROOT, compose_config, run_cli, run_in_process, tiny_data_overrides, tiny_datasets
+
+README = ROOT / "README.md"
+EXAMPLE_RUN = "outputs/vit/2025-01-31_12-00-00"  # the README's example of a run directory
+HARDWARE = {
+    "trainer=gpu": "a GPU",
+    "trainer=ddp": "GPUs",
+    "trainer=fsdp": "GPUs",
+    "trainer=multinode": "several nodes",
+    "hydra/launcher=submitit_slurm": "SLURM",
+}
+
+
+# Commands known to fail, with the issue that fixes them (strict: the test fails once they work, so the
+# entry is removed then).
+KNOWN_BROKEN = {
+    "hydra.sweeper.storage=sqlite": "#20: hydra-optuna-sweeper 1.3 pins optuna<3, which fails on SQLAlchemy 2",
+}
+
+
+@dataclass
+class Command:
+    line: str  # as the README writes it
+    args: list[str]  # the arguments of run.py
+    launcher: str  # what starts run.py: "python", "srun", "torchrun"
+    shown_error: str | None = None  # the `error:` line the README shows below it
+
+    @property
+    def needs(self) -> str | None:
+        if self.launcher != "python":
+            return f"{self.launcher} (a cluster launcher)"
+        if self.needs_gpu():
+            return "a GPU"
+        return next((what for arg, what in HARDWARE.items() if arg in self.args), None)
+
+    def needs_gpu(self) -> bool:
+        return not torch.cuda.is_available() and any(a in self.args for a in ("trainer.accelerator=gpu",))
+
+
+def strip_comment(line: str) -> str:
+    """The command without a trailing `# comment` (a # inside quotes stays)."""
+    quote = None
+    for i, char in enumerate(line):
+        if char in "'\"" and quote in (None, char):
+            quote = None if quote else char
+        elif char == "#" and quote is None and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def parse(text: str, shown_error: str | None = None) -> Command | None:
+    words = shlex.split(text)
+    if "run.py" not in words:
+        return None
+    at = words.index("run.py")
+    launcher = "python" if words[:at] == ["python"] else words[0]
+    return Command(text, words[at + 1 :], launcher, shown_error)
+
+
+def readme_commands(readme: str) -> list[Command]:
+    commands: list[Command] = []
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", readme, re.M | re.S)
+    blocks += ["\n".join(line[4:] for line in b.splitlines()) for b in re.findall(r"(?:^ {4}\S.*\n)+", readme, re.M)]
+    for block in blocks:
+        lines = block.splitlines()
+        joined: list[str] = []
+        for line in lines:  # join backslash continuations
+            if joined and joined[-1].endswith("\\"):
+                joined[-1] = joined[-1][:-1] + " " + line.strip()
+            else:
+                joined.append(line)
+        for i, line in enumerate(joined):
+            shown = line.startswith("$ ")
+            line = strip_comment(line[2:] if shown else line.strip())
+            after = joined[i + 1] if i + 1 < len(joined) else ""
+            error = after.strip() if shown and after.startswith("error:") else None
+            if "run.py" in line.split():
+                command = parse(line, error)
+                if command is not None:
+                    commands.append(command)
+    for span in re.findall(
+        r"(?<!`)`((?:srun |torchrun [^`]*?)?python run\.py[^`]*|torchrun [^`]*run\.py[^`]*)`", readme
+    ):
+        command = parse(" ".join(span.split()))
+        if command is not None:
+            commands.append(command)
+    return commands
+
+
+COMMANDS = readme_commands(README.read_text())
+
+
+def test_the_readme_has_the_commands_this_test_reads() -> None:
+    lines = {command.line for command in COMMANDS}
+    assert "python run.py model=vit" in lines  # the main job
+    assert any(c.args[:1] == ["-m"] for c in COMMANDS) and any(c.shown_error for c in COMMANDS)
+    assert any(c.launcher == "torchrun" for c in COMMANDS) and any(c.launcher == "srun" for c in COMMANDS)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Tiny data, and a finished one-epoch ViT run standing in for the README's example run directory."""
+    root = tmp_path_factory.mktemp("readme")
+    data = tiny_datasets(root / "data")
+    run = root / "outputs" / "vit" / "2025-01-31_12-00-00"
+    result = run_cli(["model=vit", "trainer.max_epochs=1", "+trainer.limit_train_batches=1", "print_config=false",
+                      "trainer.limit_val_batches=1", "logger=csv", "test=false", f"hydra.run.dir={run}"])  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {"root": root, "data": data, "run": run}
+
+
+def substitute(command: Command, world: dict) -> list[str]:
+    """The command's arguments with README placeholders filled in: tiny data and the example run; files the
+    command would write in the repository go to the test's folder instead."""
+    data, root = world["data"], world["root"]
+    placeholders = {
+        "<tinyshakespeare input.txt>": str(data["text"]),
+        "<multi30k folder>": str(data["multi30k"]),
+        "/usr/share/datasets/fashion-mnist": str(data["fashion_mnist"]),
+        EXAMPLE_RUN: str(world["run"]),
+        "outputs/vit/job-1234": str(root / "outputs" / "vit" / "job-1234"),
+        "sqlite:///optuna-gpt.db": f"sqlite:///{root / 'optuna-gpt.db'}",
+    }
+    line = command.line
+    for placeholder, value in placeholders.items():
+        line = line.replace(placeholder, value)
+    args = parse(line).args
+    unfilled = [arg for arg in args if re.search(r"<[^>]*>", arg)]
+    assert not unfilled, f"README placeholder without a stand-in in tests/test_readme.py: {unfilled}"
+    return args
+
+
+def one_batch(args: list[str], world: dict, tmp_path: Path) -> list[str]:
+    """The command in one-batch form, writing under tmp_path, its data pointed at tiny files."""
+    values = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("-"))
+    sweep = "-m" in args or any(key.startswith("hparams_search") for key in values)
+    extra = ["trainer.fast_dev_run=true", "print_config=false"]
+    if sweep:
+        extra.append(f"hydra.sweep.dir={tmp_path / 'sweep'}")
+        args = [a for a in args if not a.startswith("hydra.sweeper.n_trials=")] + ["hydra.sweeper.n_trials=2"] * (
+            any(k.startswith("hparams_search") for k in values)
+        )
+    elif "hydra.run.dir" not in values and "auto_resume" not in values and "ckpt_path" not in values:
+        extra.append(f"hydra.run.dir={tmp_path / 'run'}")
+    choices = [a for a in args if a.split("=", 1)[0].lstrip("+") in ("model", "data", "experiment", "hparams_search")]
+    cfg = compose_config([c.split(",")[0] for c in choices], tmp_path)
+    given = {a.split("=", 1)[0] for a in args}
+    data = [o for o in tiny_data_overrides(cfg, world["data"]) if o.split("=", 1)[0] not in given]
+    return [*args, *data, *extra, f"paths.data_dir={tmp_path / 'data'}"]
+
+
+def marks(command: Command) -> list:
+    return [pytest.mark.xfail(reason=why, strict=True) for key, why in KNOWN_BROKEN.items() if key in command.line]
+
+
+@pytest.mark.parametrize("command", [pytest.param(c, id=c.line[:90], marks=marks(c)) for c in COMMANDS])
+def test_readme_command_works_as_written(command: Command, world, tmp_path, capsys) -> None:
+    args = substitute(command, world)
+    if command.shown_error:
+        code, out, err = run_in_process([*args, "print_config=false"], capsys)
+        assert code == 2 and err.strip() == command.shown_error, err[-2000:]
+        return
+    if command.needs:  # compose what would run there (a sweep's first job), as far as this machine can tell
+        first_job = [a.split(",")[0] if "=" in a and "[" not in a else a for a in args if a not in ("-m", "--multirun")]
+        code, out, err = run_in_process([*first_job, "--cfg", "job"], capsys)
+        assert code == 0, f"needs {command.needs}; does not even compose: {(out + err)[-3000:]}"
+        assert "model:" in out
+        return
+    args = one_batch(args, world, tmp_path)
+    if any(a.startswith("trainer=ddp") for a in args):  # Lightning starts the other ranks as new processes
+        result = run_cli(args, timeout=300, env={"WANDB_MODE": "offline"})
+        code, out, err = result.returncode, result.stdout, result.stderr
+    else:
+        code, out, err = run_in_process(args, capsys)
+    assert code == 0, (out + err)[-4000:]
