@@ -1,8 +1,8 @@
 """zoo's command line: `python run.py model=vit`, `python run.py -m model=gpt attention=full,local`.
 
-Thin by design: Hydra composes conf/, zoo.pipeline does the work and returns the metric named by
-`optimized_metric` (what sweepers minimise or maximise). zoo.cli checks the command line first, plans a
-resume (`auto_resume=<run dir>`), and reports bad input as one line.
+Thin by design: zoo.app.cli checks the command line first and plans a resume (`auto_resume=<run dir>`),
+Hydra composes conf/, zoo.app.main runs the chosen mode and returns the metric named by `optimized_metric`
+(what sweepers minimise or maximise); bad input is reported as one line (zoo.app.reporting).
 """
 
 import os
@@ -11,13 +11,16 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from zoo.cli import prepare_arguments, reporting_errors, run_task
-from zoo.launch import external_launch_overrides
+from zoo.app.cli import prepare_arguments
+from zoo.app.launch import external_launch_overrides
+from zoo.app.reporting import reporting_errors
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    return run_task(cfg)
+    from zoo.app.main import main as run  # imported here: command-line mistakes are answered before torch loads
+
+    return run(cfg)
 
 
 def cli() -> None:

@@ -30,9 +30,9 @@ from torch.utils.data import DataLoader
 
 from zoo.data.text import RandomBlocks
 from zoo.models.gpt import GPT, GPTConfig
-from zoo.precision import mixed_precision_plugin
 from zoo.tasks.language_model import LanguageModelTask
 from zoo.tasks.optim import build_optimizer, lr_multiplier
+from zoo.training.precision import mixed_precision_plugin
 
 
 def parse_args() -> argparse.Namespace:

@@ -13,6 +13,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
+import zoo.app.cli  # noqa: F401  (registers the fresh_dir resolver that conf/hydra/default.yaml uses)
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 

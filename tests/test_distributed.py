@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from tests.helpers import compose_config, run_cli
-from zoo.blocks import TransformerBlock
-from zoo.distributed import fsdp_strategy, weights_digest
-from zoo.launch import external_launch_overrides, launch_info
+from zoo.app.launch import external_launch_overrides, launch_info
+from zoo.nn.blocks import TransformerBlock
+from zoo.training.distributed import fsdp_strategy, weights_digest
 
-REPLICA_CHECK = "+callbacks.replica_check._target_=zoo.distributed.ReplicaCheck"
+REPLICA_CHECK = "+callbacks.replica_check._target_=zoo.training.distributed.ReplicaCheck"
 TRAIN_ONLY = [
     "trainer.max_steps=4", "trainer.limit_val_batches=0", "test=false", "callbacks=none", "logger=none",
     REPLICA_CHECK,
@@ -91,7 +91,7 @@ def test_trainer_configs_choose_their_strategy(tmp_path: Path) -> None:
 
 def test_fsdp_strategy_wraps_transformer_blocks() -> None:
     strategy = fsdp_strategy(
-        wrap=["zoo.blocks.TransformerBlock"], activation_checkpointing=["zoo.blocks.TransformerBlock"],
+        wrap=["zoo.nn.blocks.TransformerBlock"], activation_checkpointing=["zoo.nn.blocks.TransformerBlock"],
         sharding_strategy="SHARD_GRAD_OP", state_dict_type="full",
     )  # fmt: skip
     assert type(strategy).__name__ == "FSDPStrategy"

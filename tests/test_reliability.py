@@ -21,17 +21,15 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 
-import zoo.callbacks
+import zoo.training.checkpoints
 from tests.helpers import ROOT, compose_config
-from zoo.callbacks import (
-    AtomicCheckpointIO,
-    NonFiniteLossError,
-    collect_rng_state,
-    restore_rng_state,
-)
-from zoo.checkpoints import CheckpointError, check_task, check_weights, load_checkpoint
-from zoo.cli import UsageError, claim_run_dir, prepare_arguments
-from zoo.pipeline import prepare_checkpoint, redact, with_safety_net
+from zoo.app.cli import claim_run_dir, prepare_arguments
+from zoo.app.pipeline import prepare_checkpoint, with_safety_net
+from zoo.app.secrets import redact
+from zoo.errors import CheckpointError, NonFiniteLossError, UsageError
+from zoo.training.callbacks import collect_rng_state, restore_rng_state
+from zoo.training.checkpoints import AtomicCheckpointIO, check_task, check_weights
+from zoo.weights import read_checkpoint as load_checkpoint
 
 
 # -- a tiny task to drive Lightning's loops -----------------------------------------------------------
@@ -81,7 +79,7 @@ def test_atomic_save_keeps_the_previous_checkpoint_when_a_save_dies_midway(tmp_p
         handle.write(b"PK\x03\x04 half a checkpoint")
         raise OSError("disk full")
 
-    monkeypatch.setattr(zoo.callbacks.torch, "save", dies_midway)
+    monkeypatch.setattr(zoo.training.checkpoints.torch, "save", dies_midway)
     with pytest.raises(OSError, match="disk full"):
         io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}}, path)
     monkeypatch.undo()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import compose_config, run_cli
-from zoo.logging_utils import wandb_api_key_available, wandb_logger, wandb_mode
+from zoo.training.loggers import wandb_api_key_available, wandb_logger, wandb_mode
 
 NO_KEY = {"WANDB_API_KEY": "", "WANDB_MODE": "", "NETRC": "/nonexistent/netrc"}
 
@@ -67,11 +67,11 @@ def test_logger_goes_offline_without_a_key_and_names_the_run_after_its_directory
 
 def test_wandb_config_composes_from_the_run_config(tmp_path: Path) -> None:
     cfg = compose_config(["model=vit", "logger=wandb", "tags=[baseline]"], tmp_path)
-    assert cfg.logger.wandb._target_ == "zoo.logging_utils.wandb_logger"
+    assert cfg.logger.wandb._target_ == "zoo.training.loggers.wandb_logger"
     assert cfg.logger.wandb.group == "vit"
     assert list(cfg.logger.wandb.tags) == ["baseline"]
     assert cfg.logger.wandb.save_dir == str(tmp_path)
-    assert cfg.callbacks.gradient_norm._target_ == "zoo.logging_utils.GradientNormMonitor"
+    assert cfg.callbacks.gradient_norm._target_ == "zoo.training.loggers.GradientNormMonitor"
     assert "model_checkpoint" in cfg.callbacks  # the default callbacks stay
 
 

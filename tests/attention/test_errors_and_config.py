@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from zoo.attention import AttentionConfig, MultiHeadAttention
+from zoo.attention import VARIANTS, AttentionConfig, MultiHeadAttention
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -75,9 +75,10 @@ def hydra_compose(overrides: list[str]):
 @pytest.mark.parametrize("option", ["full", "local", "linear", "rope"])
 def test_attention_configs_build_every_variant(option: str) -> None:
     cfg = hydra_compose([option, "rope=true"] if option == "local" else [option])
-    assert set(cfg) == {f.name for f in fields(AttentionConfig)}
+    shared = {f.name for f in fields(AttentionConfig)} - {"options"}
+    assert set(cfg) == shared | set(VARIANTS[cfg.variant].option_names())  # exactly its variant's options
     config = AttentionConfig(**cfg)
-    module = MultiHeadAttention.from_config(32, 4, config, causal=True)
+    module = MultiHeadAttention(32, 4, config, causal=True)
     assert module.variant == cfg.variant
     assert (module.rotary is not None) == (option in ("rope", "local"))
     # Short sequences (shorter than local's window) still work.

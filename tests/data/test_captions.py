@@ -21,9 +21,9 @@ from zoo.data.captions import (
     prepare_caption_tokenizer,
     train_caption_tokenizer,
 )
-from zoo.data.errors import DataError
 from zoo.data.images import DigitsDataModule
 from zoo.data.tokenizers import BOS, EOS, PAD, UNK, tokenizer_from_string, tokenizer_to_string, train_tokenizer
+from zoo.errors import DataError
 
 CAPTIONS = ["a photo of a cat.", "a photo of a dog.", "a blurry photo of a T-shirt/top."]
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from zoo.data.errors import DataError
 from zoo.data.images import DigitsDataModule, FashionMNISTDataModule, ImageFolderDataModule
+from zoo.errors import DataError
 
 
 def fingerprints(dataset) -> set[bytes]:

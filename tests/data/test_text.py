@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from zoo.data.errors import DataError
 from zoo.data.text import FixedBlocks, PythonStdlibDataModule, RandomBlocks, ShakespeareDataModule, TextDataModule
 from zoo.data.tokenizers import EOS
+from zoo.errors import DataError
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog {i % 7}\n" for i in range(300))
 

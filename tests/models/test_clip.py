@@ -137,7 +137,7 @@ def test_attention_variants_apply_to_both_towers_after_import() -> None:
 
 def tiny_clip(**text_overrides) -> CLIP:
     torch.manual_seed(0)
-    text = {"vocab_size": 40, "context_length": 10, "dim": 32, "depth": 2, "num_heads": 4, **text_overrides}
+    text = {"vocab_size": 40, "max_length": 10, "dim": 32, "depth": 2, "num_heads": 4, **text_overrides}
     image = {"image_size": 8, "patch_size": 2, "in_channels": 1, "dim": 32, "depth": 2, "num_heads": 4}
     return CLIP(CLIPConfig(embed_dim=16, image=image, text=text)).eval()
 
@@ -167,7 +167,7 @@ def test_text_without_end_of_text_or_too_long_is_an_error() -> None:
     model = tiny_clip()
     with pytest.raises(ValueError, match="end-of-text token id 2"):
         model.encode_text(torch.tensor([[1, 5, 6, 7]]))
-    with pytest.raises(ValueError, match="context_length=10"):
+    with pytest.raises(ValueError, match="max_length=10"):
         model.encode_text(torch.ones(1, 11, dtype=torch.long))
 
 

@@ -7,15 +7,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.blocks import TransformerBlock
 from zoo.models.translation import TranslationConfig, TranslationTransformer, beam_search, greedy_decode
+from zoo.nn.blocks import TransformerBlock
 
 PAD, BOS, EOS = 0, 1, 2
 
 
 def tiny(**overrides) -> TranslationTransformer:
     options = dict(
-        vocab_size=40, dim=32, encoder_layers=2, decoder_layers=2, num_heads=4, mlp_dim=64, dropout=0.0, max_len=64
+        vocab_size=40, dim=32, encoder_layers=2, decoder_layers=2, num_heads=4, mlp_dim=64, dropout=0.0, max_length=64
     )
     torch.manual_seed(0)
     return TranslationTransformer(TranslationConfig(**{**options, **overrides})).eval()

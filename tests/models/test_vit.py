@@ -30,11 +30,16 @@ def test_vit_with_rope_has_no_position_table_and_uses_2d_positions() -> None:
     torch.manual_seed(0)
     model = tiny(attention={"variant": "full", "rope": True}, num_classes=0).eval()
     assert model.pos_embed is None
-    assert model.patch_positions.shape == (17, 2) and model.patch_positions[0].tolist() == [0, 0]
+    positions = model.blocks[0].self_attn.positions  # the class token at (0, 0), patches at (row + 1, col + 1)
+    assert (
+        positions.shape == (17, 2) and positions[0].tolist() == [0, 0] and positions[1:3].tolist() == [[1, 1], [1, 2]]
+    )
     images = torch.randn(2, 1, 8, 8)
     before = model(images)
     # Scrambling which patch sits where changes the output: the positions really reach attention.
-    model.patch_positions = model.patch_positions[torch.randperm(17)]
+    order = torch.randperm(17)
+    for block in model.blocks:
+        block.self_attn.positions = block.self_attn.positions[order]
     assert (model(images) - before).abs().max() > 1e-3
 
 

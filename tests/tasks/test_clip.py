@@ -30,7 +30,7 @@ from zoo.tasks.clip_evaluation import retrieval_metrics, similarity_figure, zero
 NET = {
     "embed_dim": 16,
     "image": {"image_size": 8, "patch_size": 2, "in_channels": 1, "dim": 32, "depth": 1, "num_heads": 2},
-    "text": {"vocab_size": 320, "context_length": 32, "dim": 32, "depth": 1, "num_heads": 2},
+    "text": {"vocab_size": 320, "max_length": 32, "dim": 32, "depth": 1, "num_heads": 2},
     "attention": {"variant": "full"},
 }
 TEMPLATES = ["a photo of the number {label}.", "the digit {label}."]

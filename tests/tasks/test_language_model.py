@@ -12,7 +12,9 @@ import torch
 
 from tests.helpers import run_cli
 from zoo.data.text import TextDataModule
-from zoo.tasks.language_model import LanguageModelTask, generate_text, load_checkpoint
+from zoo.errors import CheckpointError
+from zoo.models.gpt import SamplingConfig
+from zoo.tasks.language_model import LanguageModelTask, generate_text, load_language_model
 from zoo.tasks.optim import param_groups
 
 TEXT = "".join(
@@ -57,18 +59,18 @@ def test_training_learns_and_checkpoint_restores_model_and_tokenizer(corpus: Pat
     assert metrics["train/tokens_per_s"] > 0
     assert "--- step 60 ---\nROMEO:" in (tmp_path / "samples.txt").read_text()
 
-    model, tokenizer = load_checkpoint(trainer.checkpoint_callback.best_model_path)
+    model, tokenizer = load_language_model(trainer.checkpoint_callback.best_model_path)
     assert tokenizer.to_str() == data.tokenizer.to_str()
     x, _ = next(iter(data.val_dataloader()))
     with torch.no_grad():
         assert torch.allclose(model(x), task.net.eval()(x), atol=1e-6)
-    text = generate_text(model, tokenizer, "ROMEO:", 40, temperature=0.0)
+    text = generate_text(model, tokenizer, "ROMEO:", SamplingConfig(max_new_tokens=40, temperature=0.0))
     assert text.startswith("ROMEO:") and len(text) == 46
 
     with pytest.raises(ValueError, match=r"characters \['Z', '\$'\]|characters \['\$', 'Z'\]"):
-        generate_text(model, tokenizer, "Z$", 5)
+        generate_text(model, tokenizer, "Z$", SamplingConfig(max_new_tokens=5))
     with pytest.raises(ValueError, match="prompt is 33 tokens long.*block_size=32"):
-        generate_text(model, tokenizer, "R" * 33, 5)
+        generate_text(model, tokenizer, "R" * 33, SamplingConfig(max_new_tokens=5))
 
     # The same checkpoint against data with another tokenizer: a clear mismatch error.
     other = corpus.parent / "other.txt"
@@ -97,15 +99,15 @@ def test_max_steps_is_required(corpus: Path, tmp_path: Path) -> None:
         trainer.fit(LanguageModelTask(net=dict(NET)), datamodule=data)
 
 
-def test_load_checkpoint_rejects_other_files(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="missing.ckpt"):
-        load_checkpoint(str(tmp_path / "missing.ckpt"))
+def test_load_language_model_rejects_other_files(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="missing.ckpt.* is not a file"):
+        load_language_model(str(tmp_path / "missing.ckpt"))
     (tmp_path / "garbage.ckpt").write_text("not a checkpoint")
-    with pytest.raises(ValueError, match="not a readable PyTorch checkpoint"):
-        load_checkpoint(str(tmp_path / "garbage.ckpt"))
+    with pytest.raises(CheckpointError, match="garbage.ckpt.* is truncated or corrupt"):
+        load_language_model(str(tmp_path / "garbage.ckpt"))
     torch.save({"state_dict": {}, "hyper_parameters": {"net": {"image_size": 8}}}, tmp_path / "vit.ckpt")
-    with pytest.raises(ValueError, match="not a GPT checkpoint"):
-        load_checkpoint(str(tmp_path / "vit.ckpt"))
+    with pytest.raises(CheckpointError, match="not a GPT checkpoint"):
+        load_language_model(str(tmp_path / "vit.ckpt"))
 
 
 @pytest.mark.slow

@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import run_cli
-from zoo.data.parallel import ParallelTextDataModule, decode_ids, encode_sources, pad_sequences
+from zoo.data.parallel_text import ParallelTextDataModule, decode_ids, encode_sources, pad_sequences
 from zoo.models.translation import beam_search
 from zoo.tasks.translation import TranslationTask, corpus_bleu, label_smoothed_cross_entropy, load_translator
 
 NET = dict(
-    vocab_size=300, dim=64, encoder_layers=2, decoder_layers=2, num_heads=4, mlp_dim=128, dropout=0.0, max_len=32
+    vocab_size=300, dim=64, encoder_layers=2, decoder_layers=2, num_heads=4, mlp_dim=128, dropout=0.0, max_length=32
 )
 
 
@@ -132,7 +132,7 @@ def test_cli_trains_on_numbers_then_translates_with_the_checkpoint(tmp_outputs: 
 
 
 def test_alignment_axis_labels_are_readable_bpe_pieces(tmp_path: Path) -> None:
-    from zoo.data.parallel import NumbersDataModule
+    from zoo.data.parallel_text import NumbersDataModule
     from zoo.tasks.translation import token_labels
 
     module = NumbersDataModule(num_train=500, num_val=5, num_test=5, max_digits=3, vocab_size=300)

@@ -1,8 +1,12 @@
-"""zoo's shared attention core: one MultiHeadAttention, interchangeable kernels, positions, caches."""
+"""zoo's shared attention core (pure PyTorch): one MultiHeadAttention, interchangeable kernels behind one
+contract (contract.py, registry.py), positions, caches. Imports nothing from zoo but zoo.errors."""
 
 from zoo.attention.cache import KVCache, LinearAttentionState, RollingKVCache, StaticKVCache
-from zoo.attention.core import AttentionConfig, MultiHeadAttention
-from zoo.attention.full import FullAttention, dot_product_attention, softmax_attention
+from zoo.attention.config import AttentionConfig
+from zoo.attention.contract import AttentionKernel, DecodingState, Kernel, TokenLayout
+from zoo.attention.core import MultiHeadAttention
+from zoo.attention.full import FullAttention
+from zoo.attention.functional import dot_product_attention, masked_attention, softmax_attention
 from zoo.attention.linear import LinearAttention, elu_feature_map, quadratic_linear_attention
 from zoo.attention.local import LocalAttention, sliding_window_attention, sliding_window_mask
 from zoo.attention.positions import (
@@ -11,13 +15,16 @@ from zoo.attention.positions import (
     SinusoidalPositionalEmbedding,
     sinusoidal_positions,
 )
-from zoo.attention.variants import VARIANTS, get_variant
+from zoo.attention.registry import VARIANTS, build_kernel
 
 __all__ = [
     "VARIANTS",
     "AttentionConfig",
+    "AttentionKernel",
+    "DecodingState",
     "FullAttention",
     "KVCache",
+    "Kernel",
     "LearnedPositionalEmbedding",
     "LinearAttention",
     "LinearAttentionState",
@@ -27,9 +34,11 @@ __all__ = [
     "RotaryEmbedding",
     "SinusoidalPositionalEmbedding",
     "StaticKVCache",
+    "TokenLayout",
+    "build_kernel",
     "dot_product_attention",
     "elu_feature_map",
-    "get_variant",
+    "masked_attention",
     "quadratic_linear_attention",
     "sinusoidal_positions",
     "sliding_window_attention",

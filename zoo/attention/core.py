@@ -1,13 +1,13 @@
 """MultiHeadAttention: the one attention module every zoo model uses.
 
-The variant (full, local, linear) is a kernel object chosen by name from `VARIANTS`; rotary
-positions are applied to queries and keys before any kernel, so RoPE combines with all of them.
-Models never branch on the variant: they build a MultiHeadAttention from an AttentionConfig.
+The variant (full, local, linear, ...) is a kernel chosen by name from the registry (zoo/attention/
+registry.py) with its own options; rotary positions are applied to queries and keys before any kernel, so
+RoPE combines with all of them. Models never branch on the variant: they build a MultiHeadAttention from
+an AttentionConfig and tell it their token layout (longest sequence, patch grid).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,51 +15,36 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.attention.cache import StaticKVCache
-from zoo.attention.positions import RotaryEmbedding
-from zoo.attention.variants import VARIANTS, get_variant
-
-
-@dataclass
-class AttentionConfig:
-    """The knobs of conf/attention/*.yaml, shared by every model."""
-
-    variant: str = "full"
-    window: int | None = None  # local: keys per query (causal: previous `window` incl. itself)
-    rope: bool = False  # rotary positions on queries/keys (self-attention only)
-    rope_base: float = 10000.0
-    dropout: float = 0.0  # attention-probability dropout in training
-    chunk_size: int | None = None  # block length of the local / causal linear kernels
-
-    def __post_init__(self) -> None:
-        get_variant(self.variant, self.window, self.chunk_size)  # validate early, one-line error
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"attention.dropout must be in [0, 1), got {self.dropout!r}")
+from zoo.attention.config import AttentionConfig
+from zoo.attention.contract import Kernel, TokenLayout
+from zoo.attention.positions import RotaryEmbedding, grid_positions
+from zoo.attention.registry import cross_attention_variants
 
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (Vaswani et al. 2017) with interchangeable kernels.
 
-    Parameters follow torch.nn.MultiheadAttention: one fused input projection `in_proj` (rows
-    q, k, v) and `out_proj`, so weights copy across one to one. Self-attention when `context` is
-    None, cross-attention otherwise (no RoPE across sequences).
+    Parameters follow torch.nn.MultiheadAttention: one fused input projection `in_proj` (rows q, k, v)
+    and `out_proj`, so weights copy across one to one, whatever the variant. Self-attention when `context`
+    is None, cross-attention otherwise (no RoPE across sequences).
+
+    `attention` is an AttentionConfig (or a variant name); keyword settings (variant=, window=, rope=, ...)
+    are AttentionConfig fields and options and take precedence over it.
     """
 
     def __init__(
         self,
         dim: int,
         num_heads: int,
-        variant: str = "full",
+        attention: AttentionConfig | str | None = None,
+        *,
         causal: bool = False,
-        window: int | None = None,
-        rope: bool | None = None,
-        dropout: float = 0.0,
         bias: bool = True,
-        rope_base: float = 10000.0,
-        rope_axes: int = 1,
-        chunk_size: int | None = None,
+        layout: TokenLayout | None = None,
+        **settings: Any,
     ) -> None:
         super().__init__()
-        if not isinstance(num_heads, int) or num_heads <= 0:
+        if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads <= 0:
             raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
         if dim % num_heads != 0:
             divisors = [h for h in range(1, dim + 1) if dim % h == 0]
@@ -67,31 +52,28 @@ class MultiHeadAttention(nn.Module):
                 f"dim must be divisible by num_heads, got dim={dim} and num_heads={num_heads}; "
                 f"valid num_heads: {divisors}"
             )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"attention.dropout must be in [0, 1), got {dropout!r}")
+        if isinstance(attention, str):
+            attention = AttentionConfig(variant=attention)
+        config = attention or AttentionConfig()
+        if settings:
+            config = config.replace(**settings)
+        self.config = config
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.causal = causal
-        self.dropout = dropout
-        self.kernel = get_variant(variant, window, chunk_size)
-        self.rotary = RotaryEmbedding(self.head_dim, rope_base, rope_axes) if rope else None
+        self.dropout = config.dropout
+        self.layout = layout or TokenLayout()
+        self.kernel: Kernel = config.build_kernel()
+        self.kernel.setup(self.layout)
+        grid = self.layout.grid if config.rope else None
+        self.rotary = RotaryEmbedding(self.head_dim, config.rope_base, 2 if grid else 1) if config.rope else None
+        if grid is not None:  # 2-D rotary positions of the patches (the prefix tokens sit at (0, 0))
+            self.register_buffer("positions", grid_positions(grid, self.layout.prefix_tokens), persistent=False)
+        else:
+            self.positions = None
         self.in_proj = nn.Linear(dim, 3 * dim, bias=bias)
         self.out_proj = nn.Linear(dim, dim, bias=bias)
-
-    @classmethod
-    def from_config(cls, dim: int, num_heads: int, config: AttentionConfig, **kwargs: Any) -> MultiHeadAttention:
-        """Build from an AttentionConfig; kwargs (causal, bias, rope_axes, variant...) take precedence."""
-        options = dict(
-            variant=config.variant,
-            window=config.window,
-            rope=config.rope,
-            dropout=config.dropout,
-            rope_base=config.rope_base,
-            chunk_size=config.chunk_size,
-        )
-        options.update(kwargs)
-        return cls(dim, num_heads, **options)
 
     @property
     def variant(self) -> str:
@@ -130,6 +112,8 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self._heads_qkv(x)
             if self.rotary is not None:  # default positions continue after the cached tokens
                 offset = cache.offset if cache is not None else 0
+                if positions is None and self.positions is not None:
+                    positions = self.positions[offset : offset + length]
                 q, k = self.rotary.rotate_queries_keys(q, k, positions, offset)
             if cache is not None:
                 out, weights = self.kernel.decode(
@@ -137,19 +121,14 @@ class MultiHeadAttention(nn.Module):
                 )
             else:
                 out, weights = self.kernel(
-                    q,
-                    k,
-                    v,
-                    causal=self.causal,
-                    key_padding_mask=key_padding_mask,
-                    dropout_p=dropout_p,
+                    q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
                     need_weights=need_weights,
-                )
+                )  # fmt: skip
         else:
             if not self.kernel.supports_cross_attention:
-                valid = sorted(name for name, kernel in VARIANTS.items() if kernel.supports_cross_attention)
                 raise ValueError(
-                    f"cross-attention is not supported by variant {self.variant!r}; valid choices: {valid}"
+                    f"cross-attention is not supported by variant {self.variant!r}; valid choices: "
+                    f"{cross_attention_variants()}"
                 )
             w_q, w_kv = self.in_proj.weight.split([self.dim, 2 * self.dim])
             b_q, b_kv = (
@@ -163,14 +142,9 @@ class MultiHeadAttention(nn.Module):
                 if cache is not None:
                     cache.keys, cache.values = k, v
             out, weights = self.kernel(
-                q,
-                k,
-                v,
-                causal=False,
-                key_padding_mask=key_padding_mask,
-                dropout_p=dropout_p,
+                q, k, v, causal=False, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
                 need_weights=need_weights,
-            )
+            )  # fmt: skip
         out = self.out_proj(out.transpose(1, 2).reshape(batch, length, self.dim))
         return (out, weights) if need_weights else out
 

@@ -2,136 +2,20 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 
 from zoo.attention.cache import KVCache, new_tokens_padding
+from zoo.attention.contract import Kernel
+from zoo.attention.functional import dot_product_attention
 
 
-def check_positive_int(name: str, value: object, allow_none: bool = True) -> None:
-    """One-line ValueError unless value is a positive int (or None when allowed)."""
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        choices = "a positive int or None" if allow_none else "a positive int"
-        raise ValueError(f"attention.{name} must be {choices}, got {value!r}")
-
-
-def padding_to_additive_mask(key_padding_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(B, S) bool, True = padding -> (B, 1, 1, S) float mask with -inf at padded keys."""
-    mask = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
-    mask = mask.masked_fill(key_padding_mask, float("-inf"))
-    return mask[:, None, None, :]
-
-
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """bool (True = may attend) -> float 0 / -inf, the form the fused CPU kernel takes without a copy."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
-
-
-def causal_mask(q_len: int, k_len: int, device: torch.device, offset: int | None = None) -> torch.Tensor:
-    """(q_len, k_len) bool, True = may attend. Query i sits at position offset + i (default: the last
-    q_len positions of the keys), so a chunk of new queries sees all cached keys and itself."""
-    if offset is None:
-        offset = k_len - q_len
-    rows = torch.arange(q_len, device=device)[:, None] + offset
-    return torch.arange(k_len, device=device)[None, :] <= rows
-
-
-def softmax_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The O(n^2) textbook formula softmax(q k^T / sqrt(d) + mask) v, returning the probabilities too.
-
-    `mask` is bool (True = may attend) or additive float, broadcastable to (B, H, T, S). Rows with no
-    allowed key give zeros, as the fused kernels do.
-    """
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    if dropout_p > 0.0:
-        probs_dropped = F.dropout(probs, p=dropout_p)
-        return probs_dropped @ v, probs
-    return probs @ v, probs
-
-
-def masked_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    allowed: torch.Tensor | None,
-    dropout_p: float = 0.0,
-    need_weights: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Softmax attention under a bool mask `allowed` (True = may attend, broadcastable to (B, H, T, S)).
-
-    Query rows with no allowed key (e.g. padded queries under a causal mask) output zeros; they are
-    unmasked before the softmax and zeroed after it, so neither outputs nor gradients become NaN.
-    """
-    empty = None
-    if allowed is not None:
-        empty = ~allowed.any(dim=-1, keepdim=True)  # (..., T, 1)
-        if bool(empty.any()):
-            allowed = allowed | empty
-        else:
-            empty = None
-    if need_weights:
-        out, probs = softmax_attention(q, k, v, allowed, dropout_p)
-    else:
-        mask = None if allowed is None else additive_mask(allowed, q.dtype)
-        out, probs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
-    if empty is not None:
-        out = out.masked_fill(empty, 0.0)
-        probs = None if probs is None else probs.masked_fill(empty, 0.0)
-    return out, probs
-
-
-def dot_product_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = False,
-    key_padding_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    need_weights: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """softmax(q k^T / sqrt(d)) v over all keys. Causal with fewer queries than keys: the queries are the
-    last positions (decoding). Without a padding mask or weights this is one fused SDPA call."""
-    q_len, k_len = q.shape[2], k.shape[2]
-    if causal and q_len == 1:
-        causal = False  # a single newest query sees every key
-    if key_padding_mask is None and not need_weights and not (causal and q_len != k_len):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p), None
-    allowed = None
-    if key_padding_mask is not None:
-        allowed = ~key_padding_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
-    if causal:
-        band = causal_mask(q_len, k_len, q.device)
-        allowed = band if allowed is None else allowed & band
-    return masked_attention(q, k, v, allowed, dropout_p, need_weights)
-
-
-class FullAttention:
-    """softmax(q k^T / sqrt(d)) v over all keys: O(n^2) time, fused kernels keep memory O(n).
-
-    `window` and `chunk_size` are ignored (full attention sees every key in one fused call).
-    """
+class FullAttention(Kernel):
+    """softmax(q k^T / sqrt(d)) v over all keys: O(n^2) time, fused kernels keep memory O(n). No options."""
 
     name = "full"
     supports_cross_attention = True
 
-    def __init__(self, window: int | None = None, chunk_size: int | None = None) -> None:
-        del window, chunk_size
-
-    def __call__(
+    def forward(
         self,
         q: torch.Tensor,
         k: torch.Tensor,

@@ -15,17 +15,18 @@ import torch
 import torch.nn.functional as F
 
 from zoo.attention.cache import LinearAttentionState, new_tokens_padding
-from zoo.attention.full import check_positive_int
+from zoo.attention.contract import Kernel
+from zoo.errors import check_positive_int
 
 EPS = 1e-6  # added to the normaliser, as in the paper's code
-# Tokens per chunk of the causal kernel. Measured on the 2-core CPU (H=4, head dim 64, n=8192): 64 beats
-# 32 (+18%) and 128 (+23%): smaller chunks mean more per-chunk states, larger ones a bigger quadratic part.
+# Tokens per chunk of the causal kernel, chosen by measurement (experiments/results/recipes.md): smaller
+# chunks mean more per-chunk states, larger ones a bigger quadratic part.
 DEFAULT_CHUNK_SIZE = 64
 
 
 class _EluPlusOne(torch.autograd.Function):
     """elu(x) + 1 = exp(min(x, 0)) + max(x, 0), and its derivative min(elu(x) + 1, 1): exp(x) below
-    zero, 1 above. Measured ~9x faster than F.elu(x) + 1 forward and ~4x backward on the 2-core CPU."""
+    zero, 1 above. Faster than F.elu(x) + 1 in both directions (experiments/results/recipes.md)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
@@ -143,23 +144,23 @@ def causal_linear_attention(
     return out.reshape(batch, heads, padded, width)[:, :, :length], final
 
 
-class LinearAttention:
+class LinearAttention(Kernel):
     """Linear attention with the elu + 1 feature map; a recurrent state of O(1) memory for decoding.
 
-    `chunk_size` is the chunk length of the causal kernel (default 64, by measurement). need_weights
-    returns the explicit normalised weights phi(q_i) . phi(k_j) / sum_j(...) from the quadratic
-    formula, materialising (T, S): for inspecting small inputs only.
+    Option `chunk_size`: the chunk length of the causal kernel (None: the measured default, 64).
+    need_weights returns the explicit normalised weights phi(q_i) . phi(k_j) / sum_j(...) from the
+    quadratic formula, materialising (T, S): for inspecting small inputs only.
     """
 
     name = "linear"
     supports_cross_attention = True
 
-    def __init__(self, window: int | None = None, chunk_size: int | None = None) -> None:
-        del window  # linear attention sees every key
-        check_positive_int("chunk_size", chunk_size)
-        self.chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
+    def __init__(self, *, chunk_size: int | None = None) -> None:
+        super().__init__()
+        check_positive_int("attention.chunk_size", chunk_size, allow_none=True)
+        self.chunk_size = chunk_size
 
-    def __call__(
+    def forward(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -180,7 +181,7 @@ class LinearAttention:
             )
         phi_q, phi_k, values = _features(q, k, v, key_padding_mask, dropout_p)
         if causal:
-            out, _ = causal_linear_attention(phi_q, phi_k, values, self.chunk_size)
+            out, _ = causal_linear_attention(phi_q, phi_k, values, self.chunk_size or DEFAULT_CHUNK_SIZE)
         else:
             out = _bidirectional(phi_q, phi_k, values)
         return _normalise(out), None
@@ -202,6 +203,7 @@ class LinearAttention:
         if need_weights:
             raise ValueError("need_weights is not available when decoding with variant 'linear' (no keys are kept)")
         phi_q, phi_k, values = _features(q, k, v, new_tokens_padding(key_padding_mask, k.shape[2]), 0.0)
-        out, cache.state = causal_linear_attention(phi_q, phi_k, values, self.chunk_size, cache.state)
+        chunk = self.chunk_size or DEFAULT_CHUNK_SIZE
+        out, cache.state = causal_linear_attention(phi_q, phi_k, values, chunk, cache.state)
         cache.offset += k.shape[2]
         return _normalise(out), None

@@ -14,11 +14,13 @@ import torch
 import torch.nn.functional as F
 
 from zoo.attention.cache import RollingKVCache, new_tokens_padding
-from zoo.attention.full import additive_mask, check_positive_int, dot_product_attention, masked_attention
+from zoo.attention.contract import Kernel
+from zoo.attention.functional import additive_mask, dot_product_attention, masked_attention
+from zoo.errors import check_positive_int
 
-# Queries per block. Measured on the 2-core CPU (H=4, head dim 64, window 256, n=8192): forward 32 and
-# 64 tie (128 is 8% slower); forward+backward 64 is best (32: +8%, 128: +3%), since the fused backward
-# zero-fills key/value gradients of size (n / block) * (block + window).
+# Queries per block, chosen by measurement (experiments/results/recipes.md):
+# the fused backward zero-fills key/value gradients of size (n / block) * (block + window), so neither
+# small nor large blocks win.
 DEFAULT_BLOCK_SIZE = 64
 
 
@@ -179,23 +181,25 @@ def sliding_window_attention(
     return out[:, :, k_len - q_len :], None
 
 
-class LocalAttention:
+class LocalAttention(Kernel):
     """Sliding-window attention with a rolling cache of `window` keys for decoding.
 
-    `chunk_size` is the query block length of the blockwise kernel (default 64, by measurement).
+    Options: `window` (keys per query), `chunk_size` (query block length of the blockwise kernel; None:
+    the measured default, 64).
     """
 
     name = "local"
     supports_cross_attention = False
 
-    def __init__(self, window: int | None = None, chunk_size: int | None = None) -> None:
-        if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
-            raise ValueError(f"attention.window must be a positive int for variant 'local', got {window!r}")
-        check_positive_int("chunk_size", chunk_size)
+    def __init__(self, *, window: int = 256, chunk_size: int | None = None) -> None:
+        super().__init__()
+        check_positive_int("attention.window (variant 'local')", window)
+        check_positive_int("attention.chunk_size", chunk_size, allow_none=True)
         self.window = window
+        self.chunk_size = chunk_size
         self.block_size = chunk_size or DEFAULT_BLOCK_SIZE
 
-    def __call__(
+    def forward(
         self,
         q: torch.Tensor,
         k: torch.Tensor,

@@ -117,23 +117,23 @@ def sinusoidal_positions(length: int, dim: int, base: float = 10000.0) -> torch.
 class SinusoidalPositionalEmbedding(nn.Module):
     """Adds the fixed sinusoidal table to (B, T, dim) inputs, starting at `offset`."""
 
-    def __init__(self, dim: int, max_len: int = 4096) -> None:
+    def __init__(self, dim: int, max_length: int = 4096) -> None:
         super().__init__()
-        self.register_buffer("table", sinusoidal_positions(max_len, dim), persistent=False)
+        self.register_buffer("table", sinusoidal_positions(max_length, dim), persistent=False)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         length = x.shape[1]
         if offset + length > self.table.shape[0]:
-            raise ValueError(f"sequence length {offset + length} exceeds max_len {self.table.shape[0]}")
+            raise ValueError(f"sequence length {offset + length} exceeds max_length {self.table.shape[0]}")
         return x + self.table[offset : offset + length].to(x.dtype)
 
 
 class LearnedPositionalEmbedding(nn.Module):
-    """Adds a learned (max_len, dim) table to (B, T, dim) inputs, starting at `offset`."""
+    """Adds a learned (max_length, dim) table to (B, T, dim) inputs, starting at `offset`."""
 
-    def __init__(self, dim: int, max_len: int) -> None:
+    def __init__(self, dim: int, max_length: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros(max_len, dim))
+        self.weight = nn.Parameter(torch.zeros(max_length, dim))
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
@@ -141,3 +141,11 @@ class LearnedPositionalEmbedding(nn.Module):
         if offset + length > self.weight.shape[0]:
             raise ValueError(f"sequence length {offset + length} exceeds block size {self.weight.shape[0]}")
         return x + self.weight[offset : offset + length]
+
+
+def grid_positions(grid: tuple[int, int], prefix_tokens: int = 0) -> torch.Tensor:
+    """(prefix + rows * cols, 2) integer coordinates for 2-D rotary positions of image patches in row-major
+    order: patches at (r + 1, c + 1), prefix tokens (a class token) at (0, 0), which leaves them unrotated."""
+    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    coords = torch.stack([rows.flatten(), cols.flatten()], dim=-1) + 1
+    return torch.cat([torch.zeros(prefix_tokens, 2, dtype=coords.dtype), coords])

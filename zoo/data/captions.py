@@ -24,9 +24,9 @@ from tokenizers import Tokenizer, processors
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
-from zoo.data.errors import DataError
 from zoo.data.images import ImageClassificationDataModule
 from zoo.data.tokenizers import BOS, EOS, PAD, batched, train_tokenizer
+from zoo.errors import DataError
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI CLIP's image statistics
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

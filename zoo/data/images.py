@@ -18,7 +18,7 @@ from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
-from zoo.data.errors import DataError
+from zoo.errors import DataError
 
 
 class TensorImageDataset(Dataset):

@@ -33,8 +33,8 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from zoo.data.errors import DataError
 from zoo.data.tokenizers import EOS, KINDS, batched, tokenizer_from_string, tokenizer_to_string, train_tokenizer
+from zoo.errors import DataError
 
 log = logging.getLogger("zoo")
 

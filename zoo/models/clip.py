@@ -5,7 +5,7 @@ pre-norm Transformer read out at the end-of-text token. Both are projected witho
 and L2-normalised; their cosine similarities times a learned temperature are the logits of the
 contrastive loss (zoo/tasks/contrastive_loss.py).
 
-Every block comes from zoo.blocks, so the attention group (full, local, linear, RoPE) applies to both
+Every block comes from zoo.nn.blocks, so the attention group (full, local, linear, RoPE) applies to both
 towers: RoPE replaces the learned position tables (2D axial positions for image patches, 1D for text).
 `CLIP.from_huggingface` copies a `transformers` CLIPModel one to one; `CLIP.from_pretrained` reads one
 saved to disk.
@@ -15,25 +15,31 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.attention import AttentionConfig, LearnedPositionalEmbedding
-from zoo.blocks import TransformerBlock
+from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, TokenLayout
 from zoo.models.vit import ViT, ViTConfig
+from zoo.nn import ModelConfig, TransformerBlock
+from zoo.nn.activations import from_huggingface_activation
+from zoo.weights import read_weights
 
 TEXT_POOLINGS = ("eot", "argmax")
 
 
 @dataclass
-class TextTransformerConfig:
+class TextTransformerConfig(ModelConfig):
+    family: ClassVar[str] = "text"
+    sizes: ClassVar[tuple[str, ...]] = ("vocab_size", "max_length", "dim", "depth", "num_heads", "mlp_dim")
+    renamed: ClassVar[dict[str, str]] = {"context_length": "max_length"}  # checkpoints written before 2026-12
+
     vocab_size: int = 512
-    context_length: int = 32  # longest token sequence (learned position table size)
+    max_length: int = 32  # longest token sequence (learned position table size): OpenAI's context_length
     dim: int = 64
     depth: int = 4
     num_heads: int = 4
@@ -49,12 +55,9 @@ class TextTransformerConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:
-        if isinstance(self.attention, dict):
-            self.attention = AttentionConfig(**self.attention)
+        super().__post_init__()
         if self.pool not in TEXT_POOLINGS:
             raise ValueError(f"unknown text pooling {self.pool!r}; valid choices: {list(TEXT_POOLINGS)}")
-        if self.context_length <= 0:
-            raise ValueError(f"text.context_length must be a positive int, got {self.context_length}")
         if not 0 <= self.eot_token_id < self.vocab_size:
             raise ValueError(f"text.eot_token_id must be in [0, vocab_size={self.vocab_size}), got {self.eot_token_id}")
 
@@ -71,8 +74,7 @@ class TextTransformer(nn.Module):
         config = config or TextTransformerConfig(**overrides)
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.dim)
-        self.use_rope = config.attention.rope
-        self.pos_embed = None if self.use_rope else LearnedPositionalEmbedding(config.dim, config.context_length)
+        self.pos_embed = None if config.attention.rope else LearnedPositionalEmbedding(config.dim, config.max_length)
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(
@@ -86,6 +88,7 @@ class TextTransformer(nn.Module):
                 bias=config.bias,
                 norm_eps=config.norm_eps,
                 norm_first=True,
+                layout=TokenLayout(max_length=config.max_length),
             )
             for _ in range(config.depth)
         )
@@ -115,8 +118,8 @@ class TextTransformer(nn.Module):
     def forward_features(self, token_ids: torch.Tensor) -> torch.Tensor:
         """(B, T) ids -> normalised states (B, T, dim)."""
         length = token_ids.shape[1]
-        if length > self.config.context_length:
-            raise ValueError(f"text of {length} tokens exceeds text.context_length={self.config.context_length}")
+        if length > self.config.max_length:
+            raise ValueError(f"text of {length} tokens exceeds text.max_length={self.config.max_length}")
         x = self.token_embedding(token_ids)
         if self.pos_embed is not None:
             x = self.pos_embed(x)
@@ -144,7 +147,10 @@ class TextTransformer(nn.Module):
 
 
 @dataclass
-class CLIPConfig:
+class CLIPConfig(ModelConfig):
+    family: ClassVar[str] = "clip"
+    sizes: ClassVar[tuple[str, ...]] = ("embed_dim",)
+
     embed_dim: int = 64  # the shared embedding space
     image: ViTConfig = field(default_factory=lambda: ViTConfig(num_classes=0, pre_norm=True, norm_eps=1e-5))
     text: TextTransformerConfig = field(default_factory=TextTransformerConfig)
@@ -153,12 +159,9 @@ class CLIPConfig:
     logit_scale_max: float = math.log(100.0)  # logits are never scaled by more than 100
 
     def __post_init__(self) -> None:
-        if isinstance(self.attention, dict):
-            self.attention = AttentionConfig(**self.attention)
-        if isinstance(self.image, dict):
-            self.image = ViTConfig(**{"pre_norm": True, "norm_eps": 1e-5, **self.image, "num_classes": 0})
-        if isinstance(self.text, dict):
-            self.text = TextTransformerConfig(**self.text)
+        if isinstance(self.image, dict):  # CLIP's defaults for the image tower: OpenAI's ln_pre and eps
+            self.image = ViTConfig.from_dict({"pre_norm": True, "norm_eps": 1e-5, **self.image, "num_classes": 0})
+        super().__post_init__()
         if self.image.num_classes != 0:
             raise ValueError(
                 f"CLIP's image tower has no classifier head: image.num_classes must be 0, got {self.image.num_classes}"
@@ -166,8 +169,6 @@ class CLIPConfig:
         if self.attention is not None:
             self.image.attention = self.attention
             self.text.attention = self.attention
-        if self.embed_dim <= 0:
-            raise ValueError(f"embed_dim must be a positive int, got {self.embed_dim}")
 
 
 class CLIP(nn.Module):
@@ -202,9 +203,6 @@ class CLIP(nn.Module):
         text j are scale * image[i] @ text[j]."""
         return self.encode_image(images), self.encode_text(token_ids), self.scale()
 
-    def config_dict(self) -> dict[str, Any]:
-        return asdict(self.config)
-
     @classmethod
     def from_huggingface(cls, model: nn.Module, attention: AttentionConfig | dict | None = None) -> CLIP:
         """A zoo CLIP computing what a `transformers` CLIPModel computes, weights copied one to one.
@@ -226,7 +224,7 @@ class CLIP(nn.Module):
         clip = cls(config_from_huggingface(_read_huggingface_config(config_file), attention))
         state_dict: dict[str, torch.Tensor] = {}
         for file in weight_files:
-            state_dict.update(_read_tensors(file))
+            state_dict.update(read_weights(file, "model.pretrained"))
         load_huggingface_state_dict(clip, state_dict)
         return clip
 
@@ -235,14 +233,6 @@ class CLIP(nn.Module):
 # transformers' CLIP is the same network: pre-norm blocks, quick_gelu, ln_pre ("pre_layrnorm") in the
 # image tower, the class token through post_layernorm, the end-of-text state through final_layer_norm, and
 # projections without bias. Only the names differ, and q/k/v are three matrices instead of one.
-_HF_ACTIVATIONS = {
-    "quick_gelu": "quick_gelu",
-    "gelu": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "relu": "relu",
-    "silu": "silu",
-}
 _HF_BLOCK_NAMES = {
     "norm1": "layer_norm1",
     "norm2": "layer_norm2",
@@ -271,12 +261,6 @@ def _get(config: Any, key: str) -> Any:
     return config[key] if isinstance(config, dict) else getattr(config, key)
 
 
-def _activation(name: str) -> str:
-    if name not in _HF_ACTIVATIONS:
-        raise ValueError(f"unsupported Hugging Face activation {name!r}; valid choices: {sorted(_HF_ACTIVATIONS)}")
-    return _HF_ACTIVATIONS[name]
-
-
 def config_from_huggingface(hf_config: Any, attention: AttentionConfig | dict | None = None) -> CLIPConfig:
     """A zoo CLIPConfig from a `transformers` CLIPConfig (object or its to_dict())."""
     vision, text = _get(hf_config, "vision_config"), _get(hf_config, "text_config")
@@ -291,18 +275,18 @@ def config_from_huggingface(hf_config: Any, attention: AttentionConfig | dict | 
         num_heads=_get(vision, "num_attention_heads"),
         mlp_dim=_get(vision, "intermediate_size"),
         pool="cls",
-        activation=_activation(_get(vision, "hidden_act")),
+        activation=from_huggingface_activation(_get(vision, "hidden_act")),
         norm_eps=_get(vision, "layer_norm_eps"),
         pre_norm=True,
     )
     text_config = TextTransformerConfig(
         vocab_size=_get(text, "vocab_size"),
-        context_length=_get(text, "max_position_embeddings"),
+        max_length=_get(text, "max_position_embeddings"),
         dim=_get(text, "hidden_size"),
         depth=_get(text, "num_hidden_layers"),
         num_heads=_get(text, "num_attention_heads"),
         mlp_dim=_get(text, "intermediate_size"),
-        activation=_activation(_get(text, "hidden_act")),
+        activation=from_huggingface_activation(_get(text, "hidden_act")),
         norm_eps=_get(text, "layer_norm_eps"),
         # transformers keeps OpenAI's argmax rule for configs from before its eos_token_id fix (id 2).
         pool="argmax" if eos == 2 else "eot",
@@ -411,23 +395,3 @@ def _read_huggingface_config(config_file: Path) -> Any:
     except ImportError:
         raise ImportError("reading a Hugging Face CLIP config needs `pip install transformers`") from None
     return HuggingFaceCLIPConfig.from_json_file(str(config_file))
-
-
-def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
-    """A state dict from a .safetensors or torch.save file (weights_only: no code runs)."""
-    if file.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(file))
-    try:
-        obj = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise ValueError(
-            f"model.pretrained file {str(file)!r} is not a readable state dict ({type(error).__name__})"
-        ) from None
-    for key in ("state_dict", "model"):  # a training checkpoint wrapping the state dict
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-            obj = obj[key]
-    if not isinstance(obj, dict) or not all(torch.is_tensor(value) for value in obj.values()):
-        raise ValueError(f"model.pretrained file {str(file)!r} holds no state dict of tensors")
-    return obj

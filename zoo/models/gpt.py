@@ -1,6 +1,6 @@
 """GPT (Radford et al. 2018, 2019): a decoder-only Transformer language model.
 
-Token + learned position embeddings (none with RoPE), pre-norm causal blocks from zoo.blocks, a final
+Token + learned position embeddings (none with RoPE), pre-norm causal blocks from zoo.nn.blocks, a final
 LayerNorm and an LM head tied to the token embedding. Any attention variant of zoo.attention works:
 generation keeps each block's decoding state (a KV cache for full/RoPE attention, a rolling window for
 local, a recurrent state for linear), so a new token costs one row, not the whole context.
@@ -11,18 +11,25 @@ Weights copy one to one from and to Hugging Face `GPT2LMHeadModel` (`from_huggin
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from zoo.attention import AttentionConfig, LearnedPositionalEmbedding
-from zoo.blocks import TransformerBlock
+from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, TokenLayout
+from zoo.nn import ModelConfig, TransformerBlock
+from zoo.nn.activations import from_huggingface_activation, to_huggingface_activation
 
 
 @dataclass
-class GPTConfig:
+class GPTConfig(ModelConfig):
+    """GPT's architecture. The names are nanoGPT's and GPT-2's, kept for familiarity: n_layer, n_head and
+    n_embd are what the other families call depth, num_heads and dim; block_size is their max_length."""
+
+    family: ClassVar[str] = "gpt"
+    sizes: ClassVar[tuple[str, ...]] = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_dim")
+
     vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
     block_size: int = 1024  # longest context the model sees
     n_layer: int = 12
@@ -37,12 +44,7 @@ class GPTConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:
-        if isinstance(self.attention, dict):
-            self.attention = AttentionConfig(**self.attention)
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"gpt {name} must be a positive int, got {value!r}")
+        super().__post_init__()
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd must be divisible by n_head, got n_embd={self.n_embd} and n_head={self.n_head}")
 
@@ -68,6 +70,7 @@ class GPT(nn.Module):
                 activation=config.activation,
                 bias=config.bias,
                 norm_eps=config.norm_eps,
+                layout=TokenLayout(max_length=config.block_size),
             )
             for _ in range(config.n_layer)
         )
@@ -192,11 +195,6 @@ class GPT(nn.Module):
                 "only GPT-2 attention scaled by 1/sqrt(head_dim) is supported (scale_attn_weights=True, "
                 "scale_attn_by_inverse_layer_idx=False)"
             )
-        if hf.activation_function not in HF_ACTIVATIONS:
-            raise ValueError(
-                f"unsupported GPT-2 activation_function {hf.activation_function!r}; "
-                f"valid choices: {sorted(HF_ACTIVATIONS)}"
-            )
         config = GPTConfig(
             vocab_size=hf.vocab_size,
             block_size=hf.n_positions,
@@ -206,7 +204,7 @@ class GPT(nn.Module):
             mlp_dim=hf.n_inner or 4 * hf.n_embd,
             dropout=hf.resid_pdrop,
             bias=True,
-            activation=HF_ACTIVATIONS[hf.activation_function],
+            activation=from_huggingface_activation(hf.activation_function),
             norm_eps=hf.layer_norm_epsilon,
             tie_weights=bool(getattr(hf, "tie_word_embeddings", True)),
             attention=AttentionConfig(dropout=hf.attn_pdrop),
@@ -232,10 +230,6 @@ class GPT(nn.Module):
                 f"GPT-2 has full attention, learned positions and biases; this model has "
                 f"attention.variant={config.attention.variant!r}, rope={config.attention.rope}, bias={config.bias}"
             )
-        if config.activation not in ZOO_TO_HF_ACTIVATIONS:
-            raise ValueError(
-                f"GPT-2 has no activation {config.activation!r}; valid choices: {sorted(ZOO_TO_HF_ACTIVATIONS)}"
-            )
         hf_config = GPT2Config(
             vocab_size=config.vocab_size,
             n_positions=config.block_size,
@@ -244,7 +238,7 @@ class GPT(nn.Module):
             n_head=config.n_head,
             n_inner=config.mlp_dim,
             layer_norm_epsilon=config.norm_eps,
-            activation_function=ZOO_TO_HF_ACTIVATIONS[config.activation],
+            activation_function=to_huggingface_activation(config.activation),
             resid_pdrop=config.dropout,
             embd_pdrop=config.dropout,
             attn_pdrop=config.attention.dropout,
@@ -263,28 +257,6 @@ class GPT(nn.Module):
         if missing or unexpected:
             raise RuntimeError(f"GPT-2 export left weights unmatched: missing {missing}, unexpected {unexpected}")
         return model.to(self.wte.weight.dtype)
-
-    def config_dict(self) -> dict[str, Any]:
-        return asdict(self.config)
-
-
-# transformers' activation_function names -> zoo.blocks.ACTIVATIONS names
-HF_ACTIVATIONS = {
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu": "gelu",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-    "quick_gelu": "quick_gelu",
-}
-ZOO_TO_HF_ACTIVATIONS = {
-    "gelu_tanh": "gelu_new",
-    "gelu": "gelu",
-    "relu": "relu",
-    "silu": "silu",
-    "quick_gelu": "quick_gelu",
-}
 
 
 def _huggingface_names(n_layer: int) -> list[tuple[str, str, bool]]:
@@ -309,6 +281,22 @@ def _huggingface_names(n_layer: int) -> list[tuple[str, str, bool]]:
             names.append((f"transformer.h.{i}.{hf}.weight", f"blocks.{i}.{zoo}.weight", transpose))
             names.append((f"transformer.h.{i}.{hf}.bias", f"blocks.{i}.{zoo}.bias", False))
     return names
+
+
+@dataclass
+class SamplingConfig:
+    """How text is sampled from a GPT: one set of defaults for the samples logged during training and for
+    mode=generate. temperature 0 is greedy decoding; top_k / top_p None switch that filter off."""
+
+    max_new_tokens: int = 200
+    temperature: float = 0.8
+    top_k: int | None = 200
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative int, got {self.max_new_tokens!r}")
+        check_sampling_options(self.temperature, self.top_k, self.top_p)
 
 
 def check_sampling_options(temperature: float, top_k: int | None, top_p: float | None) -> None:

@@ -3,7 +3,7 @@
 Encoder: self-attention + FFN; decoder: causal self-attention, cross-attention to the encoder, FFN;
 residual + LayerNorm after each sublayer (the paper, `norm_first=False`) or before it (pre-norm, with
 a final LayerNorm per stack). Source and target share one BPE vocabulary, so one embedding matrix can
-serve both sides and the output projection (section 3.4). Every block comes from zoo.blocks, so the
+serve both sides and the output projection (section 3.4). Every block comes from zoo.nn.blocks, so the
 attention config (full, local, linear, RoPE) applies to both self-attentions; cross-attention is full
 unless `cross_attention` names another kernel.
 
@@ -14,21 +14,27 @@ holds the growing self-attention keys/values and the encoder keys/values compute
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, SinusoidalPositionalEmbedding
-from zoo.blocks import TransformerBlock
+from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, SinusoidalPositionalEmbedding, TokenLayout
+from zoo.nn import ModelConfig, TransformerBlock
 
 POSITIONS = ("sinusoidal", "learned", "rope")
 
 
 @dataclass
-class TranslationConfig:
+class TranslationConfig(ModelConfig):
+    family: ClassVar[str] = "translation"
+    sizes: ClassVar[tuple[str, ...]] = (
+        "vocab_size", "dim", "encoder_layers", "decoder_layers", "num_heads", "mlp_dim", "max_length",
+    )  # fmt: skip
+    renamed: ClassVar[dict[str, str]] = {"max_len": "max_length"}  # checkpoints written before 2026-12
+
     vocab_size: int = 1000  # shared source/target vocabulary (joint BPE)
     dim: int = 256
     encoder_layers: int = 3
@@ -40,7 +46,7 @@ class TranslationConfig:
     norm_first: bool = False  # the paper is post-norm
     norm_eps: float = 1e-5
     positions: str = "sinusoidal"  # sinusoidal | learned | rope (attention.rope=true also selects rope)
-    max_len: int = 512  # longest source or target sequence (position tables)
+    max_length: int = 512  # longest source or target sequence (position tables)
     tie_embeddings: bool = True  # one matrix for source, target and output projection
     cross_attention: str = "full"  # kernel of encoder-decoder attention
     pad_id: int = 0
@@ -49,18 +55,13 @@ class TranslationConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:
-        if isinstance(self.attention, dict):
-            self.attention = AttentionConfig(**self.attention)
+        super().__post_init__()
         if self.positions not in POSITIONS:
             raise ValueError(f"unknown positions {self.positions!r}; valid choices: {list(POSITIONS)}")
         if self.attention.rope or self.positions == "rope":
             # Rotary positions act inside self-attention; no absolute table is added to the embeddings.
             self.positions = "rope"
-            self.attention = AttentionConfig(**{**asdict(self.attention), "rope": True})
-        for name in ("vocab_size", "dim", "encoder_layers", "decoder_layers", "num_heads", "mlp_dim", "max_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"translation {name} must be a positive int, got {value!r}")
+            self.attention = self.attention.replace(rope=True)
 
 
 class TranslationTransformer(nn.Module):
@@ -74,11 +75,11 @@ class TranslationTransformer(nn.Module):
         self.output = None if c.tie_embeddings else nn.Linear(c.dim, c.vocab_size, bias=False)
         self.embed_scale = math.sqrt(c.dim)  # section 3.4: embeddings are multiplied by sqrt(d_model)
         if c.positions == "sinusoidal":
-            table = SinusoidalPositionalEmbedding(c.dim, c.max_len)
+            table = SinusoidalPositionalEmbedding(c.dim, c.max_length)
             self.source_positions, self.target_positions = table, table
         elif c.positions == "learned":
-            self.source_positions = LearnedPositionalEmbedding(c.dim, c.max_len)
-            self.target_positions = LearnedPositionalEmbedding(c.dim, c.max_len)
+            self.source_positions = LearnedPositionalEmbedding(c.dim, c.max_length)
+            self.target_positions = LearnedPositionalEmbedding(c.dim, c.max_length)
         else:
             self.source_positions = self.target_positions = None
         self.dropout = nn.Dropout(c.dropout)
@@ -96,6 +97,7 @@ class TranslationTransformer(nn.Module):
                 dropout=c.dropout,
                 activation=c.activation,
                 norm_eps=c.norm_eps,
+                layout=TokenLayout(max_length=c.max_length),
             )
 
         self.encoder = nn.ModuleList(block(causal=False, cross_attention=False) for _ in range(c.encoder_layers))
@@ -116,9 +118,6 @@ class TranslationTransformer(nn.Module):
             nn.init.normal_(embedding.weight, std=self.config.dim**-0.5)
             with torch.no_grad():
                 embedding.weight[self.config.pad_id].zero_()
-
-    def config_dict(self) -> dict[str, Any]:
-        return asdict(self.config)
 
     # -- encoder ----------------------------------------------------------------------------------
     def padding_mask(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -197,7 +196,7 @@ def _max_lengths(model: TranslationTransformer, src: torch.Tensor, max_len_a: fl
     """Most target tokens (EOS included) per sentence: a * source length + b, within the position table."""
     source_lengths = (~model.padding_mask(src)).sum(dim=1)
     limits = (max_len_a * source_lengths.float() + max_len_b).long()
-    return limits.clamp(min=1, max=model.config.max_len - 1)
+    return limits.clamp(min=1, max=model.config.max_length - 1)
 
 
 def _next_token_logprobs(

@@ -7,21 +7,33 @@ learned table.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.attention import AttentionConfig
-from zoo.blocks import TransformerBlock
+from zoo.attention import AttentionConfig, TokenLayout
+from zoo.nn import ModelConfig, TransformerBlock
+from zoo.weights import read_weights
 
 POOLINGS = ("cls", "mean")
 
 
 @dataclass
-class ViTConfig:
+class ViTConfig(ModelConfig):
+    family: ClassVar[str] = "vit"
+    sizes: ClassVar[tuple[str, ...]] = (
+        "image_size",
+        "patch_size",
+        "in_channels",
+        "dim",
+        "depth",
+        "num_heads",
+        "mlp_dim",
+    )
+
     image_size: int = 8
     patch_size: int = 2
     in_channels: int = 1
@@ -40,11 +52,12 @@ class ViTConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:
-        if isinstance(self.attention, dict):
-            self.attention = AttentionConfig(**self.attention)
+        super().__post_init__()
         if self.pool not in POOLINGS:
             raise ValueError(f"unknown ViT pooling {self.pool!r}; valid choices: {list(POOLINGS)}")
-        if self.patch_size <= 0 or self.image_size % self.patch_size != 0:
+        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
+            raise ValueError(f"vit num_classes must be an int >= 0 (0: no head), got {self.num_classes!r}")
+        if self.image_size % self.patch_size != 0:
             raise ValueError(
                 f"image_size must be divisible by patch_size, got image_size={self.image_size} and "
                 f"patch_size={self.patch_size}"
@@ -65,9 +78,10 @@ class ViT(nn.Module):
             config.in_channels, config.dim, config.patch_size, stride=config.patch_size, bias=not config.pre_norm
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, config.dim)) if config.pool == "cls" else None
-        num_tokens = grid * grid + (1 if self.cls_token is not None else 0)
-        self.use_rope = config.attention.rope
-        self.pos_embed = None if self.use_rope else nn.Parameter(torch.zeros(1, num_tokens, config.dim))
+        prefix = 1 if self.cls_token is not None else 0
+        layout = TokenLayout(max_length=prefix + grid * grid, grid=(grid, grid), prefix_tokens=prefix)
+        # With RoPE, the patches get 2-D rotary positions inside attention (from the layout's grid) instead.
+        self.pos_embed = None if config.attention.rope else nn.Parameter(torch.zeros(1, layout.max_length, config.dim))
         self.pos_drop = nn.Dropout(config.dropout)
         self.norm_pre = nn.LayerNorm(config.dim, eps=config.norm_eps) if config.pre_norm else nn.Identity()
         drop_rates = torch.linspace(0, config.drop_path, config.depth).tolist()
@@ -82,7 +96,7 @@ class ViT(nn.Module):
                 activation=config.activation,
                 bias=config.bias,
                 norm_eps=config.norm_eps,
-                rope_axes=2,
+                layout=layout,
                 norm_first=True,
             )
             for rate in drop_rates
@@ -90,12 +104,6 @@ class ViT(nn.Module):
         self.norm = nn.LayerNorm(config.dim, eps=config.norm_eps)
         self.head = nn.Linear(config.dim, config.num_classes) if config.num_classes > 0 else nn.Identity()
         self._init_weights()
-        # 2D coordinates for axial RoPE: the class token sits at (0, 0) (no rotation), patches at (r+1, c+1).
-        rows, cols = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
-        coords = torch.stack([rows.flatten(), cols.flatten()], dim=-1) + 1
-        if self.cls_token is not None:
-            coords = torch.cat([torch.zeros(1, 2, dtype=coords.dtype), coords])
-        self.register_buffer("patch_positions", coords, persistent=False)
 
     def _init_weights(self) -> None:
         if self.pos_embed is not None:
@@ -129,9 +137,8 @@ class ViT(nn.Module):
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> normalised tokens (B, N(+1), dim)."""
         x = self.patchify(images)
-        positions = self.patch_positions if self.use_rope else None
         for block in self.blocks:
-            x = block(x, positions=positions)
+            x = block(x)
         return self.norm(x)
 
     def pool(self, features: torch.Tensor) -> torch.Tensor:
@@ -144,9 +151,6 @@ class ViT(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> logits (B, num_classes), or pooled features if num_classes == 0."""
         return self.forward_head(self.forward_features(images))
-
-    def config_dict(self) -> dict[str, Any]:
-        return asdict(self.config)
 
 
 def resample_position_embedding(pos_embed: torch.Tensor, new_grid: int, num_prefix_tokens: int = 1) -> torch.Tensor:
@@ -282,29 +286,12 @@ def vit_from_torchvision(
 ViT.from_torchvision = staticmethod(vit_from_torchvision)
 
 
-def read_weights_file(path: str) -> dict[str, torch.Tensor]:
-    """A state dict (or Lightning checkpoint) from disk, without executing code (weights_only)."""
-    from pathlib import Path
-
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"model.pretrained file not found: {path!r}")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise ValueError(f"model.pretrained={path!r} is not a readable state dict ({type(error).__name__})") from None
-    if isinstance(obj, dict) and "state_dict" in obj:  # a Lightning checkpoint: zoo names under "net."
-        return {k.removeprefix("net."): v for k, v in obj["state_dict"].items() if k.startswith("net.")}
-    if not isinstance(obj, dict) or not all(torch.is_tensor(v) for v in obj.values()):
-        raise ValueError(f"model.pretrained={path!r} holds no state dict of tensors")
-    return obj
-
-
 def vit_from_pretrained(path: str, config: ViTConfig) -> tuple[ViT, list[str]]:
     """Build a ViT for `config` from a torchvision state dict or a zoo checkpoint at `path`.
 
     torchvision weights define the trunk (dim, depth, heads, MLP, patch size); `config` keeps the
     image size, classes, pooling, attention and regularisation of the new task."""
-    state_dict = read_weights_file(path)
+    state_dict = read_weights(path, "model.pretrained")
     notes = []
     if "conv_proj.weight" in state_dict:
         arch = torchvision_architecture(state_dict)
@@ -312,7 +299,7 @@ def vit_from_pretrained(path: str, config: ViTConfig) -> tuple[ViT, list[str]]:
         changed = {k: v for k, v in arch.items() if getattr(config, k) != v}
         if changed:
             notes.append(f"architecture from the pretrained weights: {changed}")
-            config = ViTConfig(**{**asdict(config), **arch})
+            config = ViTConfig.from_dict({**config.to_dict(), **arch})
         state_dict = convert_torchvision_state_dict(state_dict)
     model = ViT(config)
     notes += load_reference_weights(model, state_dict)

@@ -1,14 +1,17 @@
-"""The Lightning base every task shares: optimiser with weight-decay groups and lr schedule."""
+"""The Lightning base every task shares: optimiser with weight-decay groups and lr schedule, the
+checkpoint's identity (task and model family) and tokenizer, torch.compile."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
 
 from zoo.data.tokenizers import tokenizer_from_string, tokenizer_to_string
+from zoo.errors import CheckpointError
 from zoo.tasks.optim import build_optimizer, lr_multiplier
+from zoo.weights import checkpoint_identity, identity
 
 
 class ZooTask(L.LightningModule):
@@ -18,20 +21,25 @@ class ZooTask(L.LightningModule):
     min_lr}. Total steps come from the Trainer (max_steps, or epochs x batches).
     """
 
+    family: ClassVar[str] = ""  # the model family: vit, gpt, translation, clip (model=<family> on the command line)
     net: torch.nn.Module
     tokenizer: Any = None  # text tasks: a Hugging Face tokenizer, kept in every checkpoint as JSON
 
     def __init__(
-        self, optimizer: dict[str, Any] | None = None, scheduler: dict[str, Any] | None = None, compile: bool = False
+        self,
+        optimizer: dict[str, Any] | None = None,
+        scheduler: dict[str, Any] | None = None,
+        compile: bool | str = False,
     ) -> None:
         super().__init__()
         self.optimizer_config = dict(optimizer or {})
         self.scheduler_config = dict(scheduler or {})
-        self.compile_model = compile
+        self.compile_backend = compile_backend(compile)
 
     def configure_model(self) -> None:
-        if self.compile_model and not getattr(self, "_compiled", False):
-            self.net = torch.compile(self.net)
+        if self.compile_backend and not getattr(self, "_compiled", False):
+            # In place: parameter names, and so checkpoints, stay those of the plain network.
+            self.net.compile(backend=self.compile_backend)
             self._compiled = True
 
     def configure_optimizers(self) -> dict[str, Any]:
@@ -65,10 +73,17 @@ class ZooTask(L.LightningModule):
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["zoo"] = identity(self)
         if self.tokenizer is not None:
             checkpoint["tokenizer"] = tokenizer_to_string(self.tokenizer)  # plain text: weights_only-safe
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        task, family = checkpoint_identity(checkpoint)
+        if family and self.family and family != self.family:
+            raise CheckpointError(
+                f"this checkpoint holds a {family} model (written by {task}), not a {self.family} one; "
+                f"pass model={family}"
+            )
         if "tokenizer" in checkpoint:
             self.restore_tokenizer(tokenizer_from_string(checkpoint["tokenizer"]))
 
@@ -80,3 +95,19 @@ class ZooTask(L.LightningModule):
         if hasattr(datamodule, "use_tokenizer"):
             datamodule.use_tokenizer(tokenizer)
             self.tokenizer = datamodule.tokenizer
+
+
+def compile_backend(compile: bool | str) -> str | None:
+    """model.compile: false, true (TorchInductor) or a torch.compile backend by name (e.g. aot_eager)."""
+    if compile is False or compile is None:
+        return None
+    if compile is True:
+        return "inductor"
+    import torch._dynamo
+
+    backends = [name for name in torch._dynamo.list_backends(exclude_tags=()) if "TESTING" not in name]
+    if compile not in backends:
+        raise ValueError(
+            f"unknown model.compile backend {compile!r}; valid: true, false, {', '.join(sorted(backends))}"
+        )
+    return str(compile)

@@ -8,12 +8,14 @@ import torch
 import torch.nn.functional as F
 import torchmetrics
 
-from zoo.logging_utils import confusion_matrix_figure, log_image, wants_media
 from zoo.models.vit import ViT, ViTConfig, vit_from_pretrained
 from zoo.tasks.base import ZooTask
+from zoo.training.loggers import confusion_matrix_figure, log_image, wants_media
 
 
 class ImageClassificationTask(ZooTask):
+    family = "vit"
+
     def __init__(
         self,
         net: dict[str, Any],
@@ -27,13 +29,13 @@ class ImageClassificationTask(ZooTask):
         self.save_hyperparameters()
         if pretrained:
             # torchvision weights or a zoo checkpoint; the checkpoint of this run then holds all weights.
-            self.net, notes = vit_from_pretrained(pretrained, ViTConfig(**net))
-            self.hparams.net = self.net.config_dict()  # the architecture actually built
+            self.net, notes = vit_from_pretrained(pretrained, ViTConfig.from_dict(net))
+            self.hparams.net = self.net.config.to_dict()  # the architecture actually built
             self.hparams.pretrained = None
             for note in notes:
                 print(f"pretrained: {note}")
         else:
-            self.net = ViT(ViTConfig(**net))
+            self.net = ViT(ViTConfig.from_dict(net))
         self.label_smoothing = label_smoothing
         num_classes = self.net.config.num_classes
         metric = lambda: torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)

@@ -15,11 +15,11 @@ import torchmetrics
 from tokenizers import Tokenizer
 
 from zoo.data.captions import CaptionDataModule, encode_captions, end_of_text_id
-from zoo.logging_utils import log_image
 from zoo.models.clip import CLIP, CLIPConfig
 from zoo.tasks.base import ZooTask
 from zoo.tasks.clip_evaluation import retrieval_metrics, similarity_figure, zero_shot_classifier
 from zoo.tasks.contrastive_loss import contrastive_loss
+from zoo.training.loggers import log_image
 
 
 class CLIPTask(ZooTask):
@@ -27,6 +27,8 @@ class CLIPTask(ZooTask):
     its architecture replaces net's (net's attention still applies), and a tokenizer.json beside it (as
     CLIPProcessor.save_pretrained writes) replaces the trained tokenizer. similarity_examples: how many test
     images (one per class where there are classes) the similarity picture shows."""
+
+    family = "clip"
 
     def __init__(
         self,
@@ -46,9 +48,9 @@ class CLIPTask(ZooTask):
             if (tokenizer_file / "tokenizer.json").is_file():
                 self.tokenizer = Tokenizer.from_file(str(tokenizer_file / "tokenizer.json"))
             # Checkpoints then describe the imported architecture themselves and reload without the file.
-            self.hparams["net"], self.hparams["pretrained"] = self.net.config_dict(), None
+            self.hparams["net"], self.hparams["pretrained"] = self.net.config.to_dict(), None
         else:
-            self.net = CLIP(CLIPConfig(**net))
+            self.net = CLIP(CLIPConfig.from_dict(net))
         self.similarity_examples = similarity_examples
         self.prompts: list[list[str]] = []
         self.class_embeddings: torch.Tensor | None = None
@@ -88,10 +90,8 @@ class CLIPTask(ZooTask):
         size = self.tokenizer.get_vocab_size()
         if size > text.vocab_size:
             raise ValueError(f"the caption tokenizer has {size} tokens but model.net.text.vocab_size={text.vocab_size}")
-        if max_length > text.context_length:
-            raise ValueError(
-                f"data.max_length={max_length} exceeds model.net.text.context_length={text.context_length}"
-            )
+        if max_length > text.max_length:
+            raise ValueError(f"data.max_length={max_length} exceeds model.net.text.max_length={text.max_length}")
         if text.pool == "eot" and end_of_text_id(self.tokenizer) != text.eot_token_id:
             raise ValueError(
                 f"the caption tokenizer ends texts with id {end_of_text_id(self.tokenizer)}, but "
@@ -101,16 +101,6 @@ class CLIPTask(ZooTask):
     # -- inference ------------------------------------------------------------------------------------
     def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.net(images, tokens)
-
-    def embed_texts(self, texts: list[str]) -> torch.Tensor:
-        """Texts -> normalised embeddings (N, E), tokenized with this model's tokenizer."""
-        return self.net.encode_text(encode_captions(self.tokenizer, texts).to(self.device))
-
-    @torch.no_grad()
-    def classify(self, images: torch.Tensor, prompts: list[list[str]]) -> torch.Tensor:
-        """Zero-shot logits (B, C) of images against prompts[t][c] (templates x class names)."""
-        tokens = [encode_captions(self.tokenizer, row).to(self.device) for row in prompts]
-        return self.net.scale() * self.net.encode_image(images) @ zero_shot_classifier(self.net, tokens).T
 
     # -- training -------------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:

@@ -2,13 +2,14 @@
 
 The vocabulary comes from the data's tokenizer, so the network is built in `setup` once the corpus is
 tokenised (or in __init__ when the hyper-parameters already hold vocab_size, as a checkpoint's do). The
-tokenizer travels inside every checkpoint, and `python run.py model=gpt mode=generate ckpt_path=...`
-rebuilds model and tokenizer from the checkpoint alone.
+tokenizer travels inside every checkpoint, and `load_language_model` rebuilds model and tokenizer from a
+checkpoint alone (what `python run.py model=gpt mode=generate ckpt_path=...` uses).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -16,22 +17,24 @@ import torch
 import torch.nn.functional as F
 import torchmetrics
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig
 from tokenizers import Tokenizer
 
 from zoo.data.tokenizers import encode_text, tokenizer_from_string, tokenizer_kind, tokenizer_to_string
-from zoo.logging_utils import log_text_table
-from zoo.models.gpt import GPT, GPTConfig, check_sampling_options
-from zoo.pipeline import register_mode
+from zoo.errors import CheckpointError
+from zoo.models.gpt import GPT, GPTConfig, SamplingConfig
 from zoo.tasks.base import ZooTask
+from zoo.training.loggers import log_text_table
+from zoo.weights import checkpoint_identity, network_state_dict, read_checkpoint
 
-MODEL_FAMILY = "gpt"  # stored in checkpoints, checked by mode=generate
-SAMPLE_DEFAULTS = {"prompt": "\n", "max_new_tokens": 200, "temperature": 0.8, "top_k": 200, "top_p": None, "seed": 0}
+# The text logged at each validation: a prompt, a seed of its own, and how to sample (SamplingConfig).
+SAMPLE_DEFAULTS = {"prompt": "\n", "seed": 0, **asdict(SamplingConfig())}
 
 
 class LanguageModelTask(ZooTask):
     """net: GPTConfig fields (vocab_size null = the tokenizer's); sample: the text generated at each
-    validation {prompt, max_new_tokens, temperature, top_k, top_p, seed} (max_new_tokens 0: none)."""
+    validation {prompt, seed, max_new_tokens, temperature, top_k, top_p} (max_new_tokens 0: none)."""
+
+    family = "gpt"
 
     def __init__(
         self,
@@ -47,10 +50,8 @@ class LanguageModelTask(ZooTask):
         if unknown:
             raise ValueError(f"unknown model.sample options {sorted(unknown)}; valid: {sorted(SAMPLE_DEFAULTS)}")
         self.sample_config = {**SAMPLE_DEFAULTS, **(sample or {})}
-        check_sampling_options(
-            self.sample_config["temperature"], self.sample_config["top_k"], self.sample_config["top_p"]
-        )
-        self.net: GPT | None = GPT(GPTConfig(**net)) if net.get("vocab_size") is not None else None
+        self.sampling = SamplingConfig(**{k: self.sample_config[k] for k in asdict(SamplingConfig())})
+        self.net: GPT | None = GPT(GPTConfig.from_dict(net)) if net.get("vocab_size") is not None else None
         self.tokenizer: Tokenizer | None = None
         self.val_loss, self.test_loss = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
         self._step_start: float | None = None
@@ -65,7 +66,7 @@ class LanguageModelTask(ZooTask):
         vocab_size = tokenizer.get_vocab_size()
         if self.net is None:
             self.hparams.net = {**self.hparams.net, "vocab_size": vocab_size}
-            self.net = GPT(GPTConfig(**self.hparams.net))
+            self.net = GPT(GPTConfig.from_dict(self.hparams.net))
         elif self.net.config.vocab_size < vocab_size:
             raise ValueError(
                 f"model.net.vocab_size={self.net.config.vocab_size} is smaller than the tokenizer's vocabulary "
@@ -86,17 +87,6 @@ class LanguageModelTask(ZooTask):
                 f"{source} has a {describe(tokenizer)} one; use the data and data.tokenizer of the training run"
             )
         self.tokenizer = tokenizer
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["model_family"] = MODEL_FAMILY
-        super().on_save_checkpoint(checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if checkpoint.get("model_family") != MODEL_FAMILY:
-            raise ValueError(
-                f"this checkpoint is not a GPT checkpoint (model_family={checkpoint.get('model_family')!r})"
-            )
-        super().on_load_checkpoint(checkpoint)
 
     def restore_tokenizer(self, tokenizer: Tokenizer) -> None:
         self._adopt_tokenizer(tokenizer, source="the data")
@@ -153,7 +143,7 @@ class LanguageModelTask(ZooTask):
 
     def on_validation_epoch_end(self) -> None:
         self._log_loss_and_perplexity("val", self.val_loss)
-        if not self.trainer.sanity_checking and self.sample_config["max_new_tokens"] > 0:
+        if not self.trainer.sanity_checking and self.sampling.max_new_tokens > 0:
             self.log_sample()
 
     def on_test_epoch_end(self) -> None:
@@ -165,15 +155,14 @@ class LanguageModelTask(ZooTask):
         """Generate from model.sample.prompt and show it in the console, the loggers and samples.txt."""
         if self.tokenizer is None:
             return
-        options = self.sample_config
-        generator = torch.Generator(device=self.device).manual_seed(options["seed"])  # leaves training RNG alone
-        text = generate_text(
-            self.net, self.tokenizer, options["prompt"], options["max_new_tokens"], options["temperature"],
-            options["top_k"], options["top_p"], generator=generator,
-        )  # fmt: skip
+        prompt = self.sample_config["prompt"]
+        generator = torch.Generator(device=self.device).manual_seed(
+            self.sample_config["seed"]
+        )  # training RNG untouched
+        text = generate_text(self.net, self.tokenizer, prompt, self.sampling, generator=generator)
         step = self.global_step
         print(f"\n--- sample at step {step} ---\n{text}\n---", flush=True)
-        log_text_table(self, "val/samples", ["step", "prompt", "sample"], [[step, options["prompt"], text]])
+        log_text_table(self, "val/samples", ["step", "prompt", "sample"], [[step, prompt, text]])
         root = Path(self.trainer.default_root_dir)
         if root.is_dir():
             with open(root / "samples.txt", "a", encoding="utf-8") as handle:
@@ -188,13 +177,11 @@ def generate_text(
     model: GPT,
     tokenizer: Tokenizer,
     prompt: str,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    sampling: SamplingConfig | None = None,
     generator: torch.Generator | None = None,
 ) -> str:
     """The prompt and its continuation, as text."""
+    sampling = sampling or SamplingConfig()
     if not prompt:
         raise ValueError('prompt is empty; give at least one character, e.g. prompt="\\n"')
     ids = encode_text(tokenizer, prompt)
@@ -206,44 +193,21 @@ def generate_text(
         )
     device = next(model.parameters()).device
     idx = torch.tensor([ids], dtype=torch.long, device=device)
-    out = model.generate(idx, max_new_tokens, temperature, top_k, top_p, generator=generator)
+    out = model.generate(
+        idx, sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p, generator=generator
+    )
     return tokenizer.decode(out[0].tolist())
 
 
-def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> tuple[GPT, Tokenizer]:
-    """A GPT and its tokenizer from a checkpoint of `model=gpt` (loaded with weights_only=True)."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise FileNotFoundError(f"ckpt_path={path!r} is not a file; pass a .ckpt from outputs/gpt/<run>/checkpoints/")
-    try:
-        checkpoint = torch.load(file, map_location=map_location, weights_only=True)
-    except Exception as error:
-        raise ValueError(f"ckpt_path={path!r} is not a readable PyTorch checkpoint ({type(error).__name__})") from None
-    family = checkpoint.get("model_family") if isinstance(checkpoint, dict) else None
-    if family != MODEL_FAMILY or "tokenizer" not in checkpoint:
-        raise ValueError(
-            f"ckpt_path={path!r} is not a GPT checkpoint (model_family={family!r}); "
-            f"mode=generate needs a checkpoint written by `python run.py model=gpt`"
+def load_language_model(path: str, map_location: str | torch.device = "cpu") -> tuple[GPT, Tokenizer]:
+    """A GPT and its tokenizer from a checkpoint of `model=gpt` (zoo's reader: weights_only)."""
+    checkpoint = read_checkpoint(path, map_location=map_location)
+    task, family = checkpoint_identity(checkpoint)
+    if family != LanguageModelTask.family or "tokenizer" not in checkpoint:
+        raise CheckpointError(
+            f"ckpt_path={path!r} is not a GPT checkpoint (written by {task or 'an unknown task'}); "
+            "mode=generate needs a checkpoint written by `python run.py model=gpt`"
         )
-    model = GPT(GPTConfig(**checkpoint["hyper_parameters"]["net"]))
-    state = {}
-    for name, tensor in checkpoint["state_dict"].items():
-        if name.startswith("net."):
-            state[name.removeprefix("net.").replace("_orig_mod.", "", 1)] = tensor  # also torch.compile'd nets
-    model.load_state_dict(state)
+    model = GPT(GPTConfig.from_dict(checkpoint["hyper_parameters"]["net"]))
+    model.load_state_dict(network_state_dict(checkpoint["state_dict"]))
     return model.eval(), tokenizer_from_string(checkpoint["tokenizer"])
-
-
-@register_mode("generate")
-def generate_mode(cfg: DictConfig) -> dict[str, float]:
-    """`python run.py model=gpt mode=generate ckpt_path=... prompt="ROMEO:" max_new_tokens=300`: prints text."""
-    if not cfg.get("ckpt_path"):
-        raise ValueError("mode=generate needs ckpt_path=<a checkpoint written by `python run.py model=gpt`>")
-    model, tokenizer = load_checkpoint(cfg.ckpt_path)
-    generator = torch.Generator().manual_seed(cfg.seed) if cfg.get("seed") is not None else None
-    text = generate_text(
-        model, tokenizer, str(cfg.get("prompt", "\n")), int(cfg.get("max_new_tokens", 200)),
-        cfg.get("temperature", 1.0), cfg.get("top_k"), cfg.get("top_p"), generator=generator,
-    )  # fmt: skip
-    print(text)
-    return {}

@@ -5,8 +5,8 @@ label smoothing 0.1 (padding ignored). Validation decodes greedily (fast) for `v
 with beam search and greedily, both scored with sacrebleu on detokenized text against the raw
 references. A few sample translations and a cross-attention alignment heatmap are logged each epoch.
 
-`python run.py model=translation mode=translate ckpt_path=... 'text="Ein Mann fährt Fahrrad."'`
-translates with a checkpoint (`translate` below).
+`load_translator` rebuilds model and tokenizer from a checkpoint (what `python run.py model=translation
+mode=translate ckpt_path=... 'text="Ein Mann fährt Fahrrad."'` uses).
 """
 
 from __future__ import annotations
@@ -18,16 +18,15 @@ from typing import Any
 import sacrebleu
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 from tokenizers import Tokenizer
 
-from zoo.data.errors import DataError
-from zoo.data.parallel import decode_ids, encode_sources, pad_sequences
+from zoo.data.parallel_text import decode_ids
 from zoo.data.tokenizers import BOS, EOS, PAD, tokenizer_from_string
-from zoo.logging_utils import heatmap_figure, log_image, log_text_table
+from zoo.errors import CheckpointError, DataError
 from zoo.models.translation import TranslationConfig, TranslationTransformer, beam_search, greedy_decode
-from zoo.pipeline import register_mode
 from zoo.tasks.base import ZooTask
+from zoo.training.loggers import heatmap_figure, log_image, log_text_table
+from zoo.weights import checkpoint_identity, network_state_dict, read_checkpoint
 
 log = logging.getLogger("zoo")
 
@@ -80,6 +79,8 @@ def alignment_figure(
 
 
 class TranslationTask(ZooTask):
+    family = "translation"
+
     def __init__(
         self,
         net: dict[str, Any],
@@ -97,7 +98,7 @@ class TranslationTask(ZooTask):
     ) -> None:
         super().__init__(optimizer, scheduler, compile)
         self.save_hyperparameters()
-        self.net = TranslationTransformer(TranslationConfig(**net))
+        self.net = TranslationTransformer(TranslationConfig.from_dict(net))
         self.tokenizer: Tokenizer | None = None
         self._outputs: dict[str, list[tuple[str, str]]] = {}
         self._first_batch: dict[str, dict[str, Any]] = {}
@@ -204,50 +205,19 @@ class TranslationTask(ZooTask):
         log_image(self, f"{stage}/alignment", figure, save_path=path)
 
 
-# -- python run.py model=translation mode=translate ckpt_path=... text="..." -----------------------
 def load_translator(ckpt_path: str) -> tuple[TranslationTransformer, Tokenizer, dict[str, Any]]:
-    """Model, tokenizer and task hyperparameters of a TranslationTask checkpoint (weights_only load)."""
-    if not ckpt_path or not Path(ckpt_path).is_file():
-        raise FileNotFoundError(f"ckpt_path must be an existing checkpoint file, got {ckpt_path!r}")
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    if "tokenizer" not in checkpoint or "net" not in checkpoint.get("hyper_parameters", {}):
-        raise ValueError(f"ckpt_path={ckpt_path!r} is not a translation checkpoint (no tokenizer or net config)")
+    """Model, tokenizer and task hyper-parameters of a TranslationTask checkpoint (zoo's reader: weights_only)."""
+    checkpoint = read_checkpoint(ckpt_path)
+    task, family = checkpoint_identity(checkpoint)
+    if (
+        "tokenizer" not in checkpoint
+        or "net" not in checkpoint.get("hyper_parameters", {})
+        or family not in (None, TranslationTask.family)
+    ):
+        raise CheckpointError(
+            f"ckpt_path={ckpt_path!r} is not a translation checkpoint (written by {task or 'an unknown task'})"
+        )
     hparams = dict(checkpoint["hyper_parameters"])
-    net = TranslationTransformer(TranslationConfig(**dict(hparams["net"])))
-    prefixes = ("net._orig_mod.", "net.")  # torch.compile wraps the net
-    state = {}
-    for key, value in checkpoint["state_dict"].items():
-        for prefix in prefixes:
-            if key.startswith(prefix):
-                state[key.removeprefix(prefix)] = value
-                break
-    net.load_state_dict(state)
+    net = TranslationTransformer(TranslationConfig.from_dict(dict(hparams["net"])))
+    net.load_state_dict(network_state_dict(checkpoint["state_dict"]))
     return net.eval(), tokenizer_from_string(checkpoint["tokenizer"]), hparams
-
-
-@register_mode("translate")
-def translate(cfg: DictConfig) -> dict[str, float]:
-    """Translate `text` (a string or a list of strings) with the checkpoint at `ckpt_path`; prints each
-    translation and saves the cross-attention alignment of the first as alignment.png in the run dir."""
-    text = cfg.get("text")
-    if not text:
-        raise ValueError('mode=translate needs text="<sentence to translate>"')
-    texts = [text] if isinstance(text, str) else [str(t) for t in text]
-    net, tokenizer, hparams = load_translator(cfg.get("ckpt_path"))
-    beam_size = int(cfg.model.get("beam_size", hparams.get("beam_size", 5)))
-    length_penalty = float(cfg.model.get("length_penalty", hparams.get("length_penalty", 1.0)))
-    options = dict(max_len_a=hparams.get("max_len_a", 1.2), max_len_b=hparams.get("max_len_b", 10))
-    src = pad_sequences(encode_sources(tokenizer, texts, net.config.max_len), net.config.pad_id)
-    if beam_size == 1:
-        outputs = greedy_decode(net, src, **options)
-    else:
-        outputs = beam_search(net, src, beam_size, length_penalty, **options)
-    for source, ids in zip(texts, outputs):
-        print(f"{source}\n  -> {decode_ids(tokenizer, ids)}")
-    output_dir = cfg.get("paths", {}).get("output_dir")
-    if output_dir:
-        source_ids = [i for i in src[0].tolist() if i != net.config.pad_id]
-        figure = alignment_figure(net, tokenizer, source_ids, outputs[0], f"beam {beam_size}")
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-        figure.savefig(Path(output_dir) / "alignment.png")
-    return {}

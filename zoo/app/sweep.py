@@ -29,17 +29,14 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, read_write
 
-from zoo.cli import one_line, user_error_message
+from zoo.app.reporting import user_error_message
+from zoo.errors import one_line
 
 log = logging.getLogger("zoo")
 
 FAILURE_FILE = "failure.txt"
 JOB_FILE = "job.json"
 SUMMARY_FILE = "summary.csv"
-
-
-def is_multirun() -> bool:
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _job_dir() -> Path:

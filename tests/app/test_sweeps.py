@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, read_write
 
 from tests.helpers import CONF, compose_config, run_cli
-from zoo.sweep import FAILURE_FILE, SweepJobs, best_job, trial_objective, varying_overrides
+from zoo.app.sweep import FAILURE_FILE, SweepJobs, best_job, trial_objective, varying_overrides
 
 # A ViT that trains one short epoch (so val/acc exists) in about a second.
 TINY_VIT = [

@@ -1,4 +1,4 @@
-"""Mixed precision with gradient clipping (zoo/precision.py): the fused optimisers zoo builds clip too, and
+"""Mixed precision with gradient clipping (zoo/training/precision.py): the fused optimisers zoo builds clip too, and
 they clip the true (unscaled) gradients, in bf16 and in fp16 with a gradient scaler."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import lightning as L
 import pytest
 import torch
 
-from zoo.precision import MixedPrecision, mixed_precision_plugin
+from zoo.training.precision import MixedPrecision, mixed_precision_plugin
 
 CLIP = 1e-4
 
@@ -61,7 +61,7 @@ def test_zoo_plugin_replaces_lightnings_only_for_mixed_precision_without_sharded
     assert mixed_precision_plugin("32-true", "cpu") is None
     assert mixed_precision_plugin("bf16-mixed", "cpu").precision == "bf16-mixed"
     assert mixed_precision_plugin("16-mixed", "cpu").precision == "bf16-mixed"  # CPU: as Lightning does
-    assert mixed_precision_plugin("bf16-mixed", "cpu", {"_target_": "zoo.distributed.fsdp_strategy"}) is None
+    assert mixed_precision_plugin("bf16-mixed", "cpu", {"_target_": "zoo.training.distributed.fsdp_strategy"}) is None
     assert mixed_precision_plugin("bf16-mixed", "cpu", {"_target_": "lightning.pytorch.strategies.DDPStrategy"})
 
 

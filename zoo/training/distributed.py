@@ -1,6 +1,6 @@
 """Running one job as many processes: FSDP set up from YAML, and a check that replicas stay identical.
 
-Lightning does the distributed work (conf/trainer/ddp*.yaml, fsdp.yaml, multinode.yaml); zoo/launch.py
+Lightning does the distributed work (conf/trainer/ddp*.yaml, fsdp.yaml, multinode.yaml); zoo/app/launch.py
 makes the processes of a torchrun/srun launch share one run directory.
 """
 
@@ -19,7 +19,7 @@ from hydra.utils import get_class
 
 # -- FSDP -------------------------------------------------------------------------------------------
 def fsdp_strategy(
-    wrap: Sequence[str] = ("zoo.blocks.TransformerBlock",),
+    wrap: Sequence[str] = ("zoo.nn.blocks.TransformerBlock",),
     activation_checkpointing: Sequence[str] | None = None,
     **kwargs: Any,
 ) -> L.pytorch.strategies.FSDPStrategy:
@@ -49,7 +49,7 @@ class ReplicaCheck(L.Callback):
 
     Rank 0 writes {world_size, losses, weight_digests, replicas_identical} to `<dirpath>/replica_check.json`.
     With `strict`, replicas that drifted apart (e.g. a parameter missing from gradient sync) are an error.
-    Add it with `+callbacks.replica_check._target_=zoo.distributed.ReplicaCheck`.
+    Add it with `+callbacks.replica_check._target_=zoo.training.distributed.ReplicaCheck`.
     """
 
     def __init__(self, dirpath: str | None = None, filename: str = "replica_check.json", strict: bool = True) -> None:

@@ -1,10 +1,8 @@
-"""Lightning pieces that let a run survive faults; zoo.pipeline adds them to every trainer.
+"""Lightning callbacks that let a run survive faults; the app layer adds them to every trainer (with
+zoo.training.checkpoints.AtomicCheckpointIO, which writes checkpoints atomically).
 
-- AtomicCheckpointIO: checkpoints are written to a temporary file and renamed into place, so a crash while
-  saving leaves the previous `last.ckpt` intact; every load is `weights_only=True` (no code runs).
 - ResumeState: the random-number generators (python, numpy, torch, CUDA) travel in each checkpoint, so a
-  resumed run draws the same data order, augmentations and dropout masks as an uninterrupted one; it also
-  records which task wrote the checkpoint (zoo.checkpoints refuses a checkpoint of another family).
+  resumed run draws the same data order, augmentations and dropout masks as an uninterrupted one.
 - StopOnNonFiniteLoss: a NaN/Inf loss stops training before the update, naming the step.
 - CheckpointOnInterrupt: SIGTERM (preemption, `kill`) or Ctrl-C saves `last.ckpt` at the next batch
   boundary, then exits.
@@ -13,7 +11,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
 import signal
 import sys
@@ -24,55 +21,13 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from zoo.errors import NonFiniteLossError
+from zoo.weights import identity
+
 log = logging.getLogger("zoo")
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """torch.save into `.<name>.<pid>.tmp` next to the target, fsync, then os.replace: readers (and a
-    resume after SIGKILL) see either the old file or the complete new one, never a truncated one."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
-        if storage_options is not None or "://" in str(path):  # remote filesystems: Lightning's own writer
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed mid-save
-            stale.unlink(missing_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            with open(temporary, "wb") as handle:
-                torch.save(checkpoint, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
-        fsync_directory(path.parent)
-
-    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
-        # Always weights_only: a checkpoint never needs to run code to be read.
-        if map_location is None:
-            return super().load_checkpoint(path, weights_only=True)
-        return super().load_checkpoint(path, map_location=map_location, weights_only=True)
-
-
-def fsync_directory(folder: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -113,22 +68,14 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def task_name(module: L.LightningModule) -> str:
-    """The import path of a task class, as a config's `_target_` names it."""
-    return f"{type(module).__module__}.{type(module).__qualname__}"
-
-
 class ResumeState(Callback):
     """Random-generator states in every checkpoint, restored on resume (Lightning restores the model,
-    optimiser, schedule and loop counters, but not the generators); plus `checkpoint["zoo"]`, which says
-    which task and model config wrote it.
+    optimiser, schedule and loop counters, but not the generators); and the checkpoint's identity marker
+    (zoo.weights.identity) for modules that are not zoo tasks.
 
     Checkpoints written at epoch ends (ModelCheckpoint's) resume bit for bit: the generators are
     captured after validation, and nothing draws from them before the next epoch's shuffle.
     """
-
-    def __init__(self, model: str | None = None) -> None:
-        self.model = model
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": collect_rng_state()}
@@ -138,14 +85,10 @@ class ResumeState(Callback):
             restore_rng_state(state_dict["rng"])
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        checkpoint["zoo"] = {"task": task_name(pl_module), "model": self.model}
+        checkpoint.setdefault("zoo", identity(pl_module))  # zoo's tasks write it themselves; any other module too
 
 
 # ---------------------------------------------------------------------------------------------------------
-class NonFiniteLossError(RuntimeError):
-    """Training produced a NaN or infinite loss; printed as one line (see zoo.cli)."""
-
-
 def last_checkpoint_note(trainer: L.Trainer) -> str:
     saved = [getattr(c, "last_model_path", "") or c.best_model_path for c in trainer.checkpoint_callbacks]
     saved = [p for p in saved if p and Path(p).is_file()]

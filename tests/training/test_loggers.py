@@ -1,4 +1,4 @@
-"""zoo.logging_utils: media reach TensorBoard (and W&B, tests/test_wandb.py), CSV ignores them; gradient norms."""
+"""zoo.training.loggers: media reach TensorBoard (and W&B, tests/test_wandb.py), CSV ignores them; gradient norms."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from matplotlib.figure import Figure
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from zoo.logging_utils import (
+from zoo.training.loggers import (
     GradientNormMonitor,
     confusion_matrix_figure,
     heatmap_figure,

@@ -10,30 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from zoo.attention import AttentionConfig, MultiHeadAttention
-
-
-def quick_gelu(x: torch.Tensor) -> torch.Tensor:
-    """x * sigmoid(1.702 x): the GELU approximation of OpenAI's CLIP."""
-    return x * torch.sigmoid(1.702 * x)
-
-
-ACTIVATIONS = {
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
-    "relu": F.relu,
-    "quick_gelu": quick_gelu,
-    "silu": F.silu,
-}
-
-
-def get_activation(name: str):
-    if name not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {name!r}; valid choices: {sorted(ACTIVATIONS)}")
-    return ACTIVATIONS[name]
+from zoo.attention import AttentionConfig, MultiHeadAttention, TokenLayout
+from zoo.nn.activations import get_activation
 
 
 class MLP(nn.Module):
@@ -90,21 +70,19 @@ class TransformerBlock(nn.Module):
         activation: str = "gelu",
         bias: bool = True,
         norm_eps: float = 1e-5,
-        rope_axes: int = 1,
+        layout: TokenLayout | None = None,
     ) -> None:
         super().__init__()
         attention = attention or AttentionConfig()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention.from_config(
-            dim, num_heads, attention, causal=causal, bias=bias, rope_axes=rope_axes
-        )
+        self.self_attn = MultiHeadAttention(dim, num_heads, attention, causal=causal, bias=bias, layout=layout)
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
         self.dropout1 = nn.Dropout(dropout)
         self.cross_attn = None
         if cross_attention:
-            self.cross_attn = MultiHeadAttention.from_config(
-                dim, num_heads, attention, variant=cross_attention_variant, rope=False, window=None, bias=bias
-            )
+            # The encoder's memory is attended to as a whole: no positions, none of the self-attention's options.
+            cross = AttentionConfig(variant=cross_attention_variant, dropout=attention.dropout)
+            self.cross_attn = MultiHeadAttention(dim, num_heads, cross, bias=bias)
             self.norm_cross = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
             self.dropout_cross = nn.Dropout(dropout)
         self.mlp = MLP(dim, mlp_dim or 4 * dim, activation, dropout, bias)

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from zoo.data.errors import DataError
-from zoo.data.parallel import (
+from zoo.data.parallel_text import (
     Multi30kDataModule,
     NumbersDataModule,
     ParallelTextDataModule,
@@ -17,6 +16,7 @@ from zoo.data.parallel import (
     read_parallel,
 )
 from zoo.data.tokenizers import BOS, EOS, PAD
+from zoo.errors import DataError
 
 PAIRS = [
     ("Ein Mann fährt Fahrrad.", "A man rides a bike."),

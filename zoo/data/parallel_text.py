@@ -20,8 +20,8 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Sampler
 
-from zoo.data.errors import DataError
 from zoo.data.tokenizers import BOS, EOS, PAD, batched, train_bpe_tokenizer
+from zoo.errors import DataError
 
 SPLITS = ("train", "val", "test")
 Pairs = tuple[list[str], list[str]]

@@ -1,0 +1,127 @@
+"""What run.py does before Hydra starts: check the command line and plan a resume.
+
+Kept free of torch and Lightning imports so that a mistyped option is answered in about a second.
+
+- `prepare_arguments(args)`: rejects unknown config-group options (`model=foo`) before Hydra starts, and
+  turns `auto_resume=<run dir>` / `ckpt_path=<run dir>/checkpoints/x.ckpt` into a run that continues in
+  that directory with that run's own overrides.
+- The `fresh_dir` resolver (conf/hydra/default.yaml): a run directory no other run has claimed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import warnings
+from datetime import datetime
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from zoo.app.overrides import CONF, group_options, is_group, split_override
+from zoo.errors import UsageError
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Run directories
+# ---------------------------------------------------------------------------------------------------------
+def claim_run_dir(path: str) -> str:
+    """Create `path` (or `path_1`, `path_2`, ... if taken) and return it: mkdir is atomic, so two runs
+    started in the same second, even on different machines sharing a disk, never share a directory."""
+    base = Path(path)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for attempt in itertools.count():
+        candidate = base if attempt == 0 else base.with_name(f"{base.name}_{attempt}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return str(candidate)
+    raise AssertionError("unreachable")
+
+
+# use_cache: one directory per config; Hydra copies the cache into every job of a sweep.
+OmegaConf.register_new_resolver("fresh_dir", claim_run_dir, use_cache=True, replace=True)
+
+# conf/hydra/launcher/{submitit_slurm,joblib}.yaml take the names of the plugins' structured configs on purpose
+# (users type the names they know); Hydra then validates each file against that schema and warns that this
+# matching is deprecated. The files list every field, so they also work once the matching is gone.
+warnings.filterwarnings(
+    "ignore", message=r"\s*'hydra/launcher/(submitit_slurm|joblib)' is validated against ConfigStore schema"
+)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Command-line checks and resume planning
+# ---------------------------------------------------------------------------------------------------------
+def check_group_choices(args: list[str], conf: Path = CONF) -> None:
+    """`model=foo` -> UsageError naming the valid models. Sweeps (`model=vit,gpt`) check every value;
+    sweep functions (`choice(...)`, `glob(...)`) are left to Hydra."""
+    for arg in args:
+        parsed = split_override(arg)
+        if parsed is None:
+            continue
+        key, value = parsed
+        group = key.split("@", 1)[0]
+        if not is_group(group, conf) or not re.fullmatch(r"[\w.\-/]+(,[\w.\-/]+)*", value):
+            continue
+        options = group_options(group, conf)
+        for choice in value.split(","):
+            if choice != "null" and choice not in options:
+                raise UsageError(f"unknown {group} {choice!r}; valid choices: {', '.join(options) or '(none)'}")
+
+
+def is_training(values: dict[str, str]) -> bool:
+    return values.get("train", "true").lower() != "false" and values.get("mode", "train") == "train"
+
+
+def run_dir_of_checkpoint(path: Path) -> Path | None:
+    """<run>/checkpoints/x.ckpt -> <run> when <run> is a zoo run directory (has .hydra/)."""
+    run_dir = path.expanduser().resolve().parent.parent
+    if path.parent.name == "checkpoints" and (run_dir / ".hydra" / "overrides.yaml").is_file():
+        return run_dir
+    return None
+
+
+def original_overrides(run_dir: Path) -> list[str]:
+    """The overrides a run was started with (its .hydra/overrides.yaml), minus the resume bookkeeping."""
+    overrides = OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")
+    skip = ("auto_resume", "ckpt_path")
+    return [str(o) for o in overrides if (split_override(str(o)) or ("", ""))[0] not in skip]
+
+
+def prepare_arguments(args: list[str], conf: Path = CONF) -> list[str]:
+    """Check the command line and plan a resume; returns the arguments Hydra should see.
+
+    `auto_resume=<run dir>` (or `ckpt_path=<run dir>/checkpoints/<file>.ckpt` when training) continues
+    that run: its original overrides come first (yours win), Hydra writes into that directory, and this
+    launch's config goes to .hydra/resume_<time>/ so the original stays as it was.
+    """
+    check_group_choices(args, conf)
+    values = dict(filter(None, map(split_override, args)))
+    multirun = "-m" in args or "--multirun" in args
+    auto_resume = values.get("auto_resume")
+    run_dir = None
+    if auto_resume is not None and auto_resume.lower() not in ("true", "false", "null"):
+        run_dir = Path(auto_resume).expanduser()
+        if not (run_dir / ".hydra" / "overrides.yaml").is_file():
+            raise UsageError(
+                f"auto_resume={auto_resume!r} is not a run directory (no .hydra/overrides.yaml in it); "
+                "valid: a folder outputs/<model>/<date>_<time>/, true or false"
+            )
+        if multirun:
+            raise UsageError(f"auto_resume={auto_resume!r} continues one run and cannot be combined with -m")
+        args = [a if a != f"auto_resume={auto_resume}" else "auto_resume=true" for a in args]
+    elif values.get("ckpt_path") not in (None, "null", "last") and is_training(values) and not multirun:
+        run_dir = run_dir_of_checkpoint(Path(values["ckpt_path"]))
+    if run_dir is None or "hydra.run.dir" in values:
+        return args
+    given = {key for key, _ in filter(None, map(split_override, args))}
+    inherited = [o for o in original_overrides(run_dir) if (split_override(o) or (o, ""))[0] not in given]
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    return [
+        *inherited,
+        *args,
+        f"hydra.run.dir={run_dir.resolve()}",
+        f"hydra.output_subdir=.hydra/resume_{stamp}",
+    ]

@@ -1,0 +1,89 @@
+"""The body of `python run.py`'s Hydra task: seed, print the config, run the chosen mode (zoo.app.modes),
+report the metrics; in a sweep, a failed trial is recorded and the sweep goes on (zoo.app.sweep)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, open_dict
+
+from zoo.app.modes import MODES
+from zoo.app.pipeline import prepare_checkpoint, print_config_tree
+from zoo.app.reporting import EXIT_BAD_INPUT, full_error_requested, user_error_message
+from zoo.app.secrets import scrub_saved_config
+from zoo.app.sweep import trial_failed, trial_objective
+from zoo.errors import check_choice
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """Seed, print the config, run the chosen mode, report and save the metrics."""
+    scrub_saved_config(cfg.get("paths", {}).get("output_dir"))
+    mode = cfg.get("mode", "train")
+    check_choice("mode", mode, MODES)
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+    if cfg.get("print_config", True):
+        print_config_tree(cfg)
+    torch.set_float32_matmul_precision(cfg.get("float32_matmul_precision", "high"))
+    if mode != "train" and cfg.get("ckpt_path"):
+        with open_dict(cfg):
+            cfg.ckpt_path = prepare_checkpoint(cfg)
+    metrics = MODES[mode](cfg)
+    report(cfg, metrics)
+    return metrics
+
+
+@rank_zero_only
+def report(cfg: DictConfig, metrics: dict[str, float]) -> None:
+    if not metrics:
+        return
+    width = max(len(k) for k in metrics)
+    print("\nfinal metrics:")
+    for key, value in metrics.items():
+        print(f"  {key:<{width}}  {value:.4f}")
+    output_dir = cfg.get("paths", {}).get("output_dir")
+    if output_dir:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        target = Path(output_dir) / "metrics.json"
+        temporary = target.with_name(f".metrics.json.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(metrics, indent=2) + "\n")
+        os.replace(temporary, target)
+
+
+def task_overrides() -> list[str]:
+    """This run's command-line overrides (empty outside Hydra)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def in_sweep() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def main(cfg: DictConfig) -> float | None:
+    """run() with bad input reported as one line (exit status 2; HYDRA_FULL_ERROR=1 keeps the traceback);
+    returns cfg.optimized_metric for sweepers."""
+    try:
+        metrics = run(cfg)
+    except Exception as error:
+        if in_sweep():
+            return trial_failed(error)  # traceback logged, recorded in the job directory; the sweep goes on
+        message = user_error_message(error, task_overrides())
+        if message is None or full_error_requested():
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    if in_sweep():
+        return trial_objective(cfg, metrics)  # a missing or non-finite metric is a failed trial, not a crash
+    name = cfg.get("optimized_metric")
+    return metrics.get(name) if name else None

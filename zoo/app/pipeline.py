@@ -1,0 +1,171 @@
+"""What `python run.py` trains with: compose -> instantiate -> fit -> test the best checkpoint.
+
+Everything is built from the Hydra config with `hydra.utils.instantiate`, so the YAML files in conf/ are the
+documentation of every knob. Every trainer also gets zoo's safety net (zoo/training/): atomic checkpoint
+writes, generator states in checkpoints (exact resume), a stop on a non-finite loss, a checkpoint on
+SIGTERM / Ctrl-C, and mixed precision that clips gradients with fused optimisers. Checkpoints are read
+through zoo.weights (no code runs).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.plugins import Precision
+from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.tree import Tree
+
+from zoo.app.devices import check_devices
+from zoo.app.secrets import redact, redacted
+from zoo.errors import CheckpointError, UsageError
+from zoo.training.callbacks import CheckpointOnInterrupt, ResumeState, StopOnNonFiniteLoss
+from zoo.training.checkpoints import AtomicCheckpointIO, check_task, check_weights
+from zoo.training.loggers import log_hydra_config
+from zoo.training.precision import mixed_precision_plugin
+from zoo.weights import read_checkpoint
+
+log = logging.getLogger("zoo")
+
+# Lightning 2.6 on torch 2.14 warns about its own pytree use on every run; it is not the user's to fix.
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+
+
+@rank_zero_only
+def print_config_tree(cfg: DictConfig, order: tuple[str, ...] = ("model", "attention", "data", "trainer")) -> None:
+    """The resolved config as a rich tree, one branch per top-level group (secrets shown as ***)."""
+    tree = Tree("config", guide_style="dim")
+    keys = [k for k in order if k in cfg] + [k for k in cfg if k not in order]
+    for key in keys:
+        value = cfg[key]
+        text = OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
+        tree.add(f"[bold]{key}[/bold]").add(Syntax(redact(text), "yaml", background_color="default"))
+    Console().print(tree)
+
+
+def instantiate_list(section: DictConfig | None) -> list[Any]:
+    """Instantiate every `_target_` entry of a callbacks/logger section (None/empty -> [])."""
+    if not section:
+        return []
+    return [hydra.utils.instantiate(conf, _convert_="all") for conf in section.values() if conf and "_target_" in conf]
+
+
+def with_safety_net(callbacks: list[Callback]) -> list[Callback]:
+    """The configured callbacks plus zoo's reliability callbacks that are not there yet."""
+    wanted = [StopOnNonFiniteLoss(), ResumeState(), CheckpointOnInterrupt()]
+    return callbacks + [c for c in wanted if not any(isinstance(have, type(c)) for have in callbacks)]
+
+
+def build(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule, L.Trainer]:
+    datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
+    task = hydra.utils.instantiate(cfg.model, _convert_="all")
+    callbacks = with_safety_net(instantiate_list(cfg.get("callbacks")))
+    loggers = instantiate_list(cfg.get("logger"))
+    log_hydra_config(loggers, redacted(cfg))  # W&B: the resolved config of the run (secrets as ***)
+    check_devices(cfg.trainer)
+    plugins = hydra.utils.instantiate(cfg.trainer.get("plugins"), _convert_="all") or []
+    plugins = plugins if isinstance(plugins, list) else [plugins]
+    if not any(isinstance(p, CheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO())
+    options = {}
+    strategy = cfg.trainer.get("strategy")
+    strategy = OmegaConf.to_container(strategy) if isinstance(strategy, DictConfig) else strategy
+    precision = mixed_precision_plugin(cfg.trainer.get("precision"), str(cfg.trainer.get("accelerator")), strategy)
+    if precision is not None and not any(isinstance(p, Precision) for p in plugins):
+        plugins.append(precision)  # clips gradients with fused optimisers too (zoo/precision.py)
+        options["precision"] = None
+    trainer = hydra.utils.instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=plugins, _convert_="all", **options
+    )
+    return datamodule, task, trainer
+
+
+def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v) for k, v in sorted(metrics.items()) if torch.is_tensor(v) and v.numel() == 1 or isinstance(v, float)
+    }
+
+
+def checkpoint_dir(cfg: DictConfig) -> Path:
+    dirpath = OmegaConf.select(cfg, "callbacks.last_checkpoint.dirpath", default=None) or OmegaConf.select(
+        cfg, "callbacks.model_checkpoint.dirpath", default=None
+    )
+    return Path(dirpath) if dirpath else Path(cfg.paths.output_dir) / "checkpoints"
+
+
+def prepare_checkpoint(cfg: DictConfig, task: torch.nn.Module | None = None) -> str | None:
+    """The checkpoint this run starts from, checked: `ckpt_path=last` and `auto_resume=true` pick this run
+    directory's last.ckpt; the file must load safely and belong to the configured model (and, given the
+    built task, fit its weights). Returns its path, or None for a fresh start."""
+    requested = cfg.get("ckpt_path")
+    if requested == "last" or (requested is None and cfg.get("auto_resume")):
+        last = checkpoint_dir(cfg) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+        if last.is_file():
+            requested = str(last)
+        elif requested == "last":
+            raise CheckpointError(
+                f"ckpt_path=last but there is no {last}; continue a run with auto_resume=<its run directory> "
+                "or ckpt_path=<its checkpoints/last.ckpt>"
+            )
+        else:
+            log.info(f"auto_resume: no checkpoint in {last.parent} yet, starting fresh")
+            return None
+    if requested is None:
+        return None
+    checkpoint = read_checkpoint(requested)
+    check_task(checkpoint, cfg.model._target_, str(requested), cfg.get("task_name"))
+    if task is not None:
+        check_weights(checkpoint, task, str(requested))
+    return str(requested)
+
+
+TEST_CHECKPOINTS = ("best", "last")
+
+
+def test_checkpoint(cfg: DictConfig) -> str:
+    choice = cfg.get("test_ckpt", "best")
+    if choice not in TEST_CHECKPOINTS:
+        raise UsageError(f"unknown test_ckpt {choice!r}; valid choices: {list(TEST_CHECKPOINTS)}")
+    return choice
+
+
+def train_and_test(cfg: DictConfig) -> dict[str, float]:
+    """Fit (if cfg.train), then test the best (or last) checkpoint (if cfg.test); returns all scalar metrics."""
+    test_checkpoint(cfg)  # a bad choice fails before training, not after
+    datamodule, task, trainer = build(cfg)
+    metrics: dict[str, float] = {}
+    ckpt_path = prepare_checkpoint(cfg, task)
+    if cfg.get("train", True):
+        if ckpt_path:
+            log.info(f"resuming from {ckpt_path}")
+        try:
+            trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        except SIGTERMException:
+            sys.exit(143)  # 128 + SIGTERM, as if the signal had ended the process (a checkpoint was saved)
+        except SystemExit:
+            if not trainer.interrupted:
+                raise
+            sys.exit(130)  # Lightning exits 1 on Ctrl-C; 130 = 128 + SIGINT, as shells report it
+        metrics.update(scalar_metrics(trainer.callback_metrics))
+        ckpt_path = None  # test_ckpt=last: the weights training ended with
+        checkpoint = trainer.checkpoint_callback
+        if test_checkpoint(cfg) == "best" and checkpoint is not None and checkpoint.best_model_path:
+            ckpt_path = checkpoint.best_model_path
+    if cfg.get("test", True):
+        if not cfg.get("train", True) and ckpt_path is None:
+            raise ValueError("train=false needs ckpt_path=<checkpoint to evaluate>")
+        trainer.test(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        metrics.update(scalar_metrics(trainer.callback_metrics))
+    return metrics

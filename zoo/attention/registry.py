@@ -1,0 +1,43 @@
+"""The registry of attention kernels: variant name -> Kernel class (the contract: zoo/attention/contract.py).
+
+    full    softmax over all keys, fused SDPA; KVCache
+    local   sliding window of `window` keys, blockwise O(n * window); RollingKVCache
+    linear  elu + 1 feature map (Katharopoulos et al. 2020), O(n d^2); LinearAttentionState
+
+A new variant is a Kernel subclass in its own file, one line here and one conf/attention/<name>.yaml.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zoo.attention.contract import Kernel
+from zoo.attention.full import FullAttention
+from zoo.attention.linear import LinearAttention
+from zoo.attention.local import LocalAttention
+
+VARIANTS: dict[str, type[Kernel]] = {
+    "full": FullAttention,
+    "local": LocalAttention,
+    "linear": LinearAttention,
+}
+
+
+def kernel_class(name: str) -> type[Kernel]:
+    if name not in VARIANTS:
+        raise ValueError(f"unknown attention variant {name!r}; valid choices: {sorted(VARIANTS)}")
+    return VARIANTS[name]
+
+
+def variant_options() -> dict[str, list[str]]:
+    """Each variant's own options, e.g. {"local": ["window", "chunk_size"], ...}."""
+    return {name: kernel.option_names() for name, kernel in VARIANTS.items()}
+
+
+def build_kernel(name: str, **options: Any) -> Kernel:
+    """The kernel called `name` with its options (a one-line ValueError for a bad name or value)."""
+    return kernel_class(name)(**options)
+
+
+def cross_attention_variants() -> list[str]:
+    return sorted(name for name, kernel in VARIANTS.items() if kernel.supports_cross_attention)
