@@ -84,7 +84,7 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule, L.
     strategy = OmegaConf.to_container(strategy) if isinstance(strategy, DictConfig) else strategy
     precision = mixed_precision_plugin(cfg.trainer.get("precision"), str(cfg.trainer.get("accelerator")), strategy)
     if precision is not None and not any(isinstance(p, Precision) for p in plugins):
-        plugins.append(precision)  # clips gradients with fused optimisers too (zoo/precision.py)
+        plugins.append(precision)  # clips gradients with fused optimisers too (zoo/training/precision.py)
         options["precision"] = None
     trainer = hydra.utils.instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=plugins, _convert_="all", **options
