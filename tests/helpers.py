@@ -177,7 +177,8 @@ def tiny_model(family: str, attention: str = "full", seed: int = 0) -> torch.nn.
     torch.manual_seed(seed)
     settings = VARIANTS[attention]
     digits = ImagePreprocessing(8, 1, (0.3,), (0.38,), tuple(str(d) for d in range(10)))
-    vit = {"image_size": 8, "patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32, "attention": settings}
+    vit = {"image_size": 8, "patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32}
+    vit["attention"] = settings
     tokenizer, preprocessing, extra = None, None, {}
     if family == "vit":
         model, preprocessing = ViT(ViTConfig(**vit, num_classes=10)), digits

@@ -220,9 +220,9 @@ def predict(cfg: DictConfig) -> dict[str, float]:
     model = load_trained(cfg, "predict", ("vit",))
     files = image_files(required(cfg, "inputs", "predict", "<an image file, a folder of images or a glob>"))
     preprocessing = image_preprocessing(cfg, model)
-    probabilities = encode_images(lambda images: model(images).softmax(dim=-1), preprocessing, files)
-    names = class_names(preprocessing, probabilities.shape[-1])
+    names = class_names(preprocessing, model.config.num_classes)
     k = top_k(cfg, len(names))
+    probabilities = encode_images(lambda images: model(images).softmax(dim=-1), preprocessing, files)
     rows = [row for file, p in zip(files, probabilities) for row in ranked_rows(str(file), p, names, k)]
     print_table(f"top-{k} classes of {len(files)} images", ["image", "rank", "class", "probability"], rows)
     write_csv(output_dir(cfg) / "predictions.csv", ["image", "rank", "class", "probability"], rows)
