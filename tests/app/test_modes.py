@@ -45,38 +45,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("modes")
     out = {}
     for name, args in (("vit", [*VIT, *ONE_EPOCH, "test=false"]), ("clip", [*CLIP, *ONE_EPOCH, "test=false"])):
-        code, stdout = _train(args, root / name)
-        assert code == 0, stdout[-3000:]
+        code, stdout, stderr = run_in_process([*args, *QUIET, f"hydra.run.dir={root / name}"])
+        assert code == 0, (stdout + stderr)[-3000:]
         out[name] = root / name / "checkpoints" / "last.ckpt"
         out[f"{name}_stdout"] = stdout
-    out["gpt"] = as_checkpoint(tiny_model("gpt"), root / "gpt.ckpt", "zoo.tasks.language_model.LanguageModelTask")
-    out["translation"] = as_checkpoint(
-        tiny_model("translation"), root / "translation.ckpt", "zoo.tasks.translation.TranslationTask"
-    )
+    out["gpt"] = as_checkpoint(tiny_model("gpt"), root / "gpt.ckpt")
+    out["translation"] = as_checkpoint(tiny_model("translation"), root / "translation.ckpt")
     out["root"] = root
     return out
-
-
-def _train(args: list[str], run_dir: Path) -> tuple[int, str]:
-    """run.py in this process, its stdout captured (a module fixture has no capsys)."""
-    import contextlib
-    import io
-    import runpy
-    import sys
-
-    from tests.helpers import ROOT
-
-    argv, sys.argv = sys.argv, [str(ROOT / "run.py"), *args, *QUIET, f"hydra.run.dir={run_dir}"]
-    buffer = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buffer):
-            runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    finally:
-        sys.argv = argv
-    return code, buffer.getvalue()
 
 
 def test_a_vit_run_ends_with_the_command_that_predicts_and_it_equals_the_models_own_forward(world, capsys) -> None:
