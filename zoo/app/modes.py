@@ -182,11 +182,10 @@ def generate(cfg: DictConfig) -> dict[str, float]:
     return {}
 
 
-def translations(cfg: DictConfig, mode: str) -> tuple[nn.Module, list[str], torch.Tensor, list[list[int]], int]:
-    """(model, texts, padded source ids, translated ids, beam size) for `text` (a string or a list)."""
+def translations(cfg: DictConfig, mode: str, net: nn.Module) -> tuple[list[str], torch.Tensor, list[list[int]], int]:
+    """(texts, padded source ids, translated ids, beam size) of `text` (a string or a list) by `net`."""
     text = required(cfg, "text", mode, '"<sentence to translate>"')
     texts = [text] if isinstance(text, str) else [str(t) for t in text]
-    net = load_trained(cfg, mode, ("translation",))
     settings = net.settings
     beam_size = int(cfg.model.get("beam_size", settings.get("beam_size", 5)))
     length_penalty = float(cfg.model.get("length_penalty", settings.get("length_penalty", 1.0)))
@@ -196,13 +195,15 @@ def translations(cfg: DictConfig, mode: str) -> tuple[nn.Module, list[str], torc
         outputs = greedy_decode(net, src, **options)
     else:
         outputs = beam_search(net, src, beam_size, length_penalty, **options)
-    return net, texts, src, outputs, beam_size
+    return texts, src, outputs, beam_size
 
 
 def translate(cfg: DictConfig) -> dict[str, float]:
     """Translate `text` (a string or a list of strings) with the checkpoint at `ckpt_path`; prints each
     translation and saves the cross-attention alignment of the first as alignment.png in the run dir."""
-    net, texts, src, outputs, beam_size = translations(cfg, "translate")
+    required(cfg, "text", "translate", '"<sentence to translate>"')
+    net = load_trained(cfg, "translate", ("translation",))
+    texts, src, outputs, beam_size = translations(cfg, "translate", net)
     for source, ids in zip(texts, outputs):
         print(f"{source}\n  -> {decode_ids(net.tokenizer, ids)}")
     if cfg.get("paths", {}).get("output_dir"):
@@ -250,9 +251,10 @@ def zero_shot(cfg: DictConfig) -> dict[str, float]:
     model = load_trained(cfg, "zero_shot", ("clip",))
     files = image_files(required(cfg, "inputs", "zero_shot", "<an image file, a folder of images or a glob>"))
     preprocessing = image_preprocessing(cfg, model)
-    classes = as_list(cfg.get("classes") or list(preprocessing.classes), "classes")
-    if not classes or classes == [""]:
+    classes = cfg.get("classes") or list(preprocessing.classes)
+    if not classes:
         raise UsageError("mode=zero_shot needs classes=[<class name>,...] (this checkpoint has no class names)")
+    classes = as_list(classes, "classes")
     templates = as_list(cfg.get("templates") or model.settings.get("templates") or DEFAULT_TEMPLATES, "templates")
     prompts = [encode_captions(model.tokenizer, row) for row in fill_templates(templates, classes)]
     class_embeddings = zero_shot_classifier(model, prompts)
@@ -360,12 +362,12 @@ def attention_maps(cfg: DictConfig) -> dict[str, float]:
     elif family == "gpt":
         figures = gpt_attention_figures(model, str(required(cfg, "prompt", "attention_maps", '"<text>"')))
     else:
-        net, texts, src, outputs, _ = translations(cfg, "attention_maps")
+        texts, src, outputs, _ = translations(cfg, "attention_maps", model)
         figures = {}
         for i, (source, ids) in enumerate(zip(src.tolist(), outputs)):
-            source_ids = [token for token in source if token != net.config.pad_id]
-            title = f"{texts[i]} -> {decode_ids(net.tokenizer, ids)}"
-            figures[f"alignment{i}"] = alignment_figure(net, net.tokenizer, source_ids, ids, title)
+            source_ids = [token for token in source if token != model.config.pad_id]
+            title = f"{texts[i]} -> {decode_ids(model.tokenizer, ids)}"
+            figures[f"alignment{i}"] = alignment_figure(model, model.tokenizer, source_ids, ids, title)
     folder = output_dir(cfg) / "attention"
     loggers = instantiate_list(cfg.get("logger"))
     for name, figure in figures.items():
