@@ -51,7 +51,7 @@ from zoo.models.gpt import SamplingConfig
 from zoo.models.translation import beam_search, greedy_decode
 from zoo.models.vit import ViT, attention_rollout
 from zoo.tasks.clip_evaluation import zero_shot_classifier
-from zoo.tasks.language_model import generate_text, load_language_model
+from zoo.tasks.language_model import generate_text
 from zoo.tasks.translation import alignment_figure, token_labels
 from zoo.training.attention_figures import grid_attention_figure, rollout_figure, token_attention_figure
 from zoo.training.checkpoints import task_class
@@ -171,14 +171,12 @@ def suggest_prediction(cfg: DictConfig) -> None:
 # -- GPT and translation --------------------------------------------------------------------------
 def generate(cfg: DictConfig) -> dict[str, float]:
     """`python run.py model=gpt mode=generate ckpt_path=... prompt="ROMEO:" max_new_tokens=300`: prints text."""
-    if not cfg.get("ckpt_path"):
-        raise ValueError("mode=generate needs ckpt_path=<a checkpoint written by `python run.py model=gpt`>")
-    model, tokenizer = load_language_model(cfg.ckpt_path)
+    model = load_trained(cfg, "generate", ("gpt",))
     generator = torch.Generator().manual_seed(cfg.seed) if cfg.get("seed") is not None else None
     sampling = SamplingConfig(
         max_new_tokens=int(cfg.max_new_tokens), temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p
     )
-    print(generate_text(model, tokenizer, str(cfg.prompt), sampling, generator=generator))
+    print(generate_text(model, model.tokenizer, str(cfg.prompt), sampling, generator=generator))
     return {}
 
 
