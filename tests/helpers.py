@@ -51,22 +51,31 @@ def run_cli(
     )
 
 
-def run_in_process(args: list[str], capsys) -> tuple[int, str, str]:
+def run_in_process(args: list[str], capsys=None) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of `python run.py <args>`, run in this process: run.py executed as
-    __main__ with runpy, the command line's own code path without a new interpreter per run."""
+    __main__ with runpy, the command line's own code path without a new interpreter per run. Without
+    pytest's capsys (e.g. in a module fixture) the output is captured here."""
+    import contextlib
+    import io
     import runpy
 
     argv = sys.argv
     sys.argv = [str(ROOT / "run.py"), *args]
-    try:
-        runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    finally:
-        sys.argv = argv
-    out, err = capsys.readouterr()
-    return code, out, err
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.ExitStack() as capture:
+        if capsys is None:
+            capture.enter_context(contextlib.redirect_stdout(out))
+            capture.enter_context(contextlib.redirect_stderr(err))
+        try:
+            runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        finally:
+            sys.argv = argv
+    if capsys is not None:
+        return code, *capsys.readouterr()
+    return code, out.getvalue(), err.getvalue()
 
 
 # -- tiny stand-ins for the data the experiments read (generated, offline) ---------------------------------
@@ -151,3 +160,82 @@ def tiny_data_overrides(cfg: DictConfig, data: dict[str, Path]) -> list[str]:
         elif "download" in node:
             raise AssertionError(f"{name} reads files or downloads: add tiny generated data for it to tests/helpers.py")
     return overrides
+
+
+# -- tiny trained-model stand-ins (random weights) for the inference modes and zoo.load --------------------
+# The attention variants as conf/attention writes them (local's window small enough to matter at these sizes).
+VARIANTS = {
+    "full": {"variant": "full"},
+    "local": {"variant": "local", "window": 4},
+    "linear": {"variant": "linear"},
+    "rope": {"variant": "full", "rope": True},
+}
+
+
+def tiny_model(family: str, attention: str = "full", seed: int = 0) -> torch.nn.Module:
+    """A small random network of `family` with the tokenizer / image preprocessing a checkpoint would carry
+    attached (as zoo.load returns it), in eval mode."""
+    from zoo.data.captions import end_of_text_id, train_caption_tokenizer
+    from zoo.data.preprocessing import ImagePreprocessing
+    from zoo.data.tokenizers import train_char_tokenizer
+    from zoo.models.clip import CLIP, CLIPConfig
+    from zoo.models.gpt import GPT, GPTConfig
+    from zoo.models.translation import TranslationConfig, TranslationTransformer
+    from zoo.models.vit import ViT, ViTConfig
+
+    torch.manual_seed(seed)
+    settings = VARIANTS[attention]
+    digits = ImagePreprocessing(8, 1, (0.3,), (0.38,), tuple(str(d) for d in range(10)))
+    vit = {"image_size": 8, "patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32}
+    vit["attention"] = settings
+    tokenizer, preprocessing, extra = None, None, {}
+    if family == "vit":
+        model, preprocessing = ViT(ViTConfig(**vit, num_classes=10)), digits
+    elif family == "gpt":
+        tokenizer = train_char_tokenizer(["def main():\n    return f(x) + 1\n"])
+        config = GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=16, n_layer=2, n_head=2, n_embd=16,
+                           attention=settings)  # fmt: skip
+        model = GPT(config)
+    elif family == "translation":
+        tokenizer = train_char_tokenizer(["eins zwei drei dreihundertvierundzwanzig one two three"])
+        config = TranslationConfig(vocab_size=tokenizer.get_vocab_size(), dim=16, encoder_layers=1, decoder_layers=2,
+                                   num_heads=2, mlp_dim=32, max_length=32, dropout=0.0, attention=settings)  # fmt: skip
+        model, extra = TranslationTransformer(config), {"beam_size": 2, "max_len_a": 1.0, "max_len_b": 4}
+    elif family == "clip":
+        captions = [f"{template} {d}." for template in ("a photo of the number", "the digit") for d in range(10)]
+        tokenizer = train_caption_tokenizer(captions, "char", None, 32)
+        text = {"vocab_size": tokenizer.get_vocab_size(), "max_length": 32, "dim": 16, "depth": 1, "num_heads": 2,
+                "mlp_dim": 32, "eot_token_id": end_of_text_id(tokenizer)}  # fmt: skip
+        model = CLIP(CLIPConfig(embed_dim=16, image=vit, text=text, attention=settings))
+        preprocessing, extra = digits, {"templates": ["a photo of the number {label}."]}
+    else:
+        raise ValueError(f"unknown family {family!r}")
+    model.tokenizer, model.preprocessing, model.settings = tokenizer, preprocessing, extra
+    return model.eval()
+
+
+TASKS = {
+    "vit": "zoo.tasks.classification.ImageClassificationTask",
+    "gpt": "zoo.tasks.language_model.LanguageModelTask",
+    "translation": "zoo.tasks.translation.TranslationTask",
+    "clip": "zoo.tasks.clip.CLIPTask",
+}
+
+
+def as_checkpoint(model: torch.nn.Module, path: Path) -> Path:
+    """`model` saved as a Lightning checkpoint of its zoo task would hold it (weights under net., the task's
+    hyper-parameters, identity, tokenizer, preprocessing)."""
+    checkpoint = {
+        "state_dict": {f"net.{key}": value for key, value in model.state_dict().items()},
+        "hyper_parameters": {"net": model.config.to_dict(), "optimizer": {"lr": 1e-3}, **model.settings},
+        "zoo": {"task": TASKS[model.config.family], "family": model.config.family},
+    }
+    if model.tokenizer is not None:
+        checkpoint["tokenizer"] = model.tokenizer.to_str()
+    if model.preprocessing is not None:
+        checkpoint["preprocessing"] = model.preprocessing.to_dict()
+    if "templates" in model.settings:
+        checkpoint["templates"] = model.settings["templates"]
+        checkpoint["hyper_parameters"].pop("templates")
+    torch.save(checkpoint, path)
+    return path

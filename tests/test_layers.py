@@ -23,7 +23,8 @@ ALLOWED = {
     "data": {"errors"},
     "training": {"errors", "weights"},
     "tasks": {"errors", "weights", "attention", "nn", "models", "data", "training"},
-    "app": {"errors", "weights", "attention", "nn", "models", "data", "training", "tasks"},
+    "export": {"errors", "weights", "attention", "nn", "models", "data"},  # zoo.load: pure torch, no Lightning
+    "app": {"errors", "weights", "attention", "nn", "models", "data", "training", "tasks", "export"},
 }
 
 

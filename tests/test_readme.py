@@ -16,7 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import ROOT, compose_config, run_cli, run_in_process, tiny_data_overrides, tiny_datasets
+from tests.helpers import (
+    ROOT,
+    as_checkpoint,
+    compose_config,
+    run_cli,
+    run_in_process,
+    tiny_data_overrides,
+    tiny_datasets,
+    tiny_model,
+)
 
 README = ROOT / "README.md"
 EXAMPLE_RUN = "outputs/vit/2025-01-31_12-00-00"  # the README's example of a run directory
@@ -117,14 +126,18 @@ def test_the_readme_has_the_commands_this_test_reads() -> None:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Tiny data, and a finished one-epoch ViT run standing in for the README's example run directory."""
+    """Tiny data, a finished one-epoch ViT run standing in for the README's example run directory, and a
+    stand-in checkpoint of every other family (random weights) for `<... checkpoint>`."""
     root = tmp_path_factory.mktemp("readme")
     data = tiny_datasets(root / "data")
     run = root / "outputs" / "vit" / "2025-01-31_12-00-00"
     result = run_cli(["model=vit", "trainer.max_epochs=1", "+trainer.limit_train_batches=1", "print_config=false",
                       "trainer.limit_val_batches=1", "logger=csv", "test=false", f"hydra.run.dir={run}"])  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    return {"root": root, "data": data, "run": run}
+    checkpoints = {
+        family: as_checkpoint(tiny_model(family), root / f"{family}.ckpt") for family in ("gpt", "translation", "clip")
+    }
+    return {"root": root, "data": data, "run": run, "checkpoints": checkpoints}
 
 
 def substitute(command: Command, world: dict) -> list[str]:
@@ -138,6 +151,7 @@ def substitute(command: Command, world: dict) -> list[str]:
         EXAMPLE_RUN: str(world["run"]),
         "outputs/vit/job-1234": str(root / "outputs" / "vit" / "job-1234"),
         "sqlite:///optuna-gpt.db": f"sqlite:///{root / 'optuna-gpt.db'}",
+        **stand_ins(world),
     }
     line = command.line
     for placeholder, value in placeholders.items():
@@ -146,6 +160,18 @@ def substitute(command: Command, world: dict) -> list[str]:
     unfilled = [arg for arg in args if re.search(r"<[^>]*>", arg)]
     assert not unfilled, f"README placeholder without a stand-in in tests/test_readme.py: {unfilled}"
     return args
+
+
+def stand_ins(world: dict) -> dict[str, str]:
+    """Placeholders of "Using a trained model": the example run's checkpoint and images, the other families'
+    stand-in checkpoints."""
+    examples = world["run"] / "examples"
+    return {
+        "<vit checkpoint>": str(world["run"] / "checkpoints" / "last.ckpt"),
+        **{f"<{family} checkpoint>": str(path) for family, path in world["checkpoints"].items()},
+        "<images>": str(examples),
+        "<image>": str(sorted(examples.iterdir())[0]),
+    }
 
 
 def one_batch(args: list[str], world: dict, tmp_path: Path) -> list[str]:
@@ -158,13 +184,18 @@ def one_batch(args: list[str], world: dict, tmp_path: Path) -> list[str]:
         args = [a for a in args if not a.startswith("hydra.sweeper.n_trials=")] + ["hydra.sweeper.n_trials=2"] * (
             any(k.startswith("hparams_search") for k in values)
         )
-    elif "hydra.run.dir" not in values and "auto_resume" not in values and "ckpt_path" not in values:
+    elif "hydra.run.dir" not in values and "auto_resume" not in values and not resumes(values):
         extra.append(f"hydra.run.dir={tmp_path / 'run'}")
     choices = [a for a in args if a.split("=", 1)[0].lstrip("+") in ("model", "data", "experiment", "hparams_search")]
     cfg = compose_config([c.split(",")[0] for c in choices], tmp_path)
     given = {a.split("=", 1)[0] for a in args}
     data = [o for o in tiny_data_overrides(cfg, world["data"]) if o.split("=", 1)[0] not in given]
     return [*args, *data, *extra, f"paths.data_dir={tmp_path / 'data'}"]
+
+
+def resumes(values: dict[str, str]) -> bool:
+    """A training command with ckpt_path= continues in that run's directory; other modes get their own."""
+    return "ckpt_path" in values and values.get("mode", "train") == "train"
 
 
 def marks(command: Command) -> list:
@@ -191,3 +222,20 @@ def test_readme_command_works_as_written(command: Command, world, tmp_path, caps
     else:
         code, out, err = run_in_process(args, capsys)
     assert code == 0, (out + err)[-4000:]
+
+
+def python_examples(readme: str, section: str = "## Using a trained model") -> list[str]:
+    """The ```python blocks of a README section."""
+    text = readme.split(section, 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```python\n(.*?)^```", text, re.M | re.S)
+
+
+def test_the_notebook_examples_of_using_a_trained_model_run(world) -> None:
+    examples = python_examples(README.read_text())
+    assert [block.splitlines()[0].rsplit("# ", 1)[-1] for block in examples] == ["ViT", "GPT", "translation", "CLIP"]
+    for block in examples:
+        assert len(block.strip().splitlines()) <= 5, block
+        for placeholder, value in {EXAMPLE_RUN: str(world["run"]), **stand_ins(world)}.items():
+            block = block.replace(placeholder, value)
+        assert not re.search(r"<[^>]*>", block), f"README placeholder without a stand-in: {block}"
+        exec(compile(block, "README.md", "exec"), {})

@@ -114,4 +114,4 @@ def identity(module: Any) -> dict[str, str | None]:
 def checkpoint_identity(checkpoint: dict[str, Any]) -> tuple[str | None, str | None]:
     """(task import path, model family) of a zoo checkpoint; None where it does not say."""
     marker = checkpoint.get("zoo") or {}
-    return marker.get("task"), marker.get("family") or checkpoint.get("model_family")
+    return marker.get("task"), marker.get("family") or marker.get("model") or checkpoint.get("model_family")

@@ -168,3 +168,20 @@ def test_config_errors_name_the_bad_value() -> None:
         GPTConfig(vocab_size=None)
     with pytest.raises(ValueError, match="unknown attention variant"):
         GPTConfig(attention={"variant": "sparse"})
+
+
+@pytest.mark.parametrize("attention", ["full", "local", "linear", "rope"])
+def test_attention_weights_are_causal_probabilities_for_every_variant(attention: str) -> None:
+    from tests.helpers import VARIANTS
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=20, block_size=12, n_layer=2, n_head=2, n_embd=16, attention=VARIANTS[attention]))
+    weights = model.eval().attention_weights(torch.randint(0, 20, (2, 12)))
+    assert len(weights) == 2 and all(w.shape == (2, 2, 12, 12) for w in weights)
+    for w in weights:
+        torch.testing.assert_close(w.sum(dim=-1), torch.ones(2, 2, 12))
+        assert (w.triu(diagonal=1) == 0).all()  # no token attends to a later one
+    if attention == "local":  # window 4: the current token and the three before it
+        assert (weights[0][..., 11, :8] == 0).all() and (weights[0][..., 11, 8:] > 0).all()
+    with pytest.raises(ValueError, match="13 tokens exceeds the model's block_size=12"):
+        model.attention_weights(torch.zeros(1, 13, dtype=torch.long))

@@ -128,3 +128,37 @@ def test_pretrained_mismatch_names_missing_and_unexpected_keys(tmp_path: Path) -
         ValueError, match=r"missing keys \['norm.weight'\], unexpected keys \['blocks.5.extra.weight'\]"
     ):
         vit_from_pretrained(str(path), ViTConfig(image_size=8, patch_size=2, dim=32, depth=2, num_heads=4))
+
+
+@pytest.mark.parametrize("attention", ["full", "local", "linear", "rope"])
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_attention_weights_exist_for_every_variant_and_their_rollout_rows_sum_to_one(attention, pool) -> None:
+    from tests.helpers import VARIANTS
+    from zoo.models.vit import attention_rollout
+
+    model = tiny(attention=VARIANTS[attention], pool=pool).eval()
+    images = torch.randn(3, 1, 8, 8)
+    weights = model.attention_weights(images)
+    tokens = 16 + (pool == "cls")
+    assert len(weights) == 2 and all(w.shape == (3, 4, tokens, tokens) for w in weights)
+    for w in weights:
+        torch.testing.assert_close(w.sum(dim=-1), torch.ones(3, 4, tokens))
+    if attention == "local":  # window 4: a patch attends to the two tokens on either side, no farther
+        assert (weights[0][:, :, 8, 11:] == 0).all() and (weights[0][:, :, 8, 6:11] > 0).all()
+    rollout = attention_rollout(weights)
+    assert rollout.shape == (3, tokens, tokens)
+    torch.testing.assert_close(rollout.sum(dim=-1), torch.ones(3, tokens))
+    torch.testing.assert_close(model(images), model.forward_head(model.forward_features(images)))
+
+
+def test_attention_rollout_is_the_product_of_residual_averaged_layers() -> None:
+    """Abnar & Zuidema 2020, eq. 1: rollout = A_L ... A_1 with A_l = 0.5 mean_heads(W_l) + 0.5 I."""
+    from zoo.models.vit import attention_rollout
+
+    torch.manual_seed(0)
+    weights = [torch.rand(2, 3, 5, 5).softmax(dim=-1) for _ in range(3)]
+    averaged = [0.5 * w.mean(dim=1) + 0.5 * torch.eye(5) for w in weights]
+    torch.testing.assert_close(attention_rollout(weights), averaged[2] @ averaged[1] @ averaged[0])
+    torch.testing.assert_close(attention_rollout(weights[:1], residual=False), weights[0].mean(dim=1))
+    with pytest.raises(ValueError, match="at least one layer"):
+        attention_rollout([])

@@ -10,11 +10,12 @@ import lightning as L
 import pytest
 import torch
 
+import zoo
 from tests.helpers import run_cli
 from zoo.data.text import TextDataModule
 from zoo.errors import CheckpointError
 from zoo.models.gpt import SamplingConfig
-from zoo.tasks.language_model import LanguageModelTask, generate_text, load_language_model
+from zoo.tasks.language_model import LanguageModelTask, generate_text
 from zoo.tasks.optim import param_groups
 
 TEXT = "".join(
@@ -59,7 +60,8 @@ def test_training_learns_and_checkpoint_restores_model_and_tokenizer(corpus: Pat
     assert metrics["train/tokens_per_s"] > 0
     assert "--- step 60 ---\nROMEO:" in (tmp_path / "samples.txt").read_text()
 
-    model, tokenizer = load_language_model(trainer.checkpoint_callback.best_model_path)
+    model = zoo.load(trainer.checkpoint_callback.best_model_path)
+    tokenizer = model.tokenizer
     assert tokenizer.to_str() == data.tokenizer.to_str()
     x, _ = next(iter(data.val_dataloader()))
     with torch.no_grad():
@@ -99,15 +101,15 @@ def test_max_steps_is_required(corpus: Path, tmp_path: Path) -> None:
         trainer.fit(LanguageModelTask(net=dict(NET)), datamodule=data)
 
 
-def test_load_language_model_rejects_other_files(tmp_path: Path) -> None:
+def test_zoo_load_rejects_other_files(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="missing.ckpt.* is not a file"):
-        load_language_model(str(tmp_path / "missing.ckpt"))
+        zoo.load(tmp_path / "missing.ckpt")
     (tmp_path / "garbage.ckpt").write_text("not a checkpoint")
     with pytest.raises(CheckpointError, match="garbage.ckpt.* is truncated or corrupt"):
-        load_language_model(str(tmp_path / "garbage.ckpt"))
+        zoo.load(tmp_path / "garbage.ckpt")
     torch.save({"state_dict": {}, "hyper_parameters": {"net": {"image_size": 8}}}, tmp_path / "vit.ckpt")
-    with pytest.raises(CheckpointError, match="not a GPT checkpoint"):
-        load_language_model(str(tmp_path / "vit.ckpt"))
+    with pytest.raises(CheckpointError, match="not a checkpoint of a zoo model"):
+        zoo.load(tmp_path / "vit.ckpt")
 
 
 @pytest.mark.slow

@@ -11,10 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import zoo
 from tests.helpers import run_cli
 from zoo.data.parallel_text import ParallelTextDataModule, decode_ids, encode_sources, pad_sequences
 from zoo.models.translation import beam_search
-from zoo.tasks.translation import TranslationTask, corpus_bleu, label_smoothed_cross_entropy, load_translator
+from zoo.tasks.translation import TranslationTask, corpus_bleu, label_smoothed_cross_entropy
 
 NET = dict(
     vocab_size=300, dim=64, encoder_layers=2, decoder_layers=2, num_heads=4, mlp_dim=128, dropout=0.0, max_length=32
@@ -83,8 +84,9 @@ def test_learns_to_reverse_sequences_to_bleu_above_90(tmp_path: Path) -> None:
     assert metrics["test/bleu"] > 90 and metrics["test/bleu_greedy"] > 90
     assert (tmp_path / "alignments" / "test_epoch008.png").stat().st_size > 0
     # The checkpoint carries the tokenizer: a fresh model translates with it (weights_only load).
-    net, tokenizer, hparams = load_translator(str(tmp_path / "ckpt" / "last.ckpt"))
-    assert hparams["beam_size"] == 3 and tokenizer.to_str() == data.tokenizer.to_str()
+    net = zoo.load(tmp_path / "ckpt" / "last.ckpt")
+    tokenizer = net.tokenizer
+    assert net.settings["beam_size"] == 3 and tokenizer.to_str() == data.tokenizer.to_str()
     src = pad_sequences(encode_sources(tokenizer, ["a b c d", "h g f e d"]), 0)
     assert [decode_ids(tokenizer, ids) for ids in beam_search(net, src, 3)] == ["d c b a", "d e f g h"]
 

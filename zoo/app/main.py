@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, open_dict
 
-from zoo.app.modes import MODES
+from zoo.app.modes import MODES, suggest_prediction
 from zoo.app.pipeline import prepare_checkpoint, print_config_tree
 from zoo.app.reporting import EXIT_BAD_INPUT, full_error_requested, user_error_message
 from zoo.app.secrets import scrub_saved_config
@@ -31,11 +31,13 @@ def run(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("print_config", True):
         print_config_tree(cfg)
     torch.set_float32_matmul_precision(cfg.get("float32_matmul_precision", "high"))
-    if mode != "train" and cfg.get("ckpt_path"):
-        with open_dict(cfg):
+    if mode != "train" and cfg.get("ckpt_path") and not Path(str(cfg.ckpt_path)).expanduser().is_dir():
+        with open_dict(cfg):  # a checkpoint file; a folder written by mode=export is checked by zoo.load
             cfg.ckpt_path = prepare_checkpoint(cfg)
     metrics = MODES[mode](cfg)
     report(cfg, metrics)
+    if mode == "train" and not in_sweep():
+        suggest_prediction(cfg)  # a ViT run ends with the command that predicts with its checkpoint
     return metrics
 
 

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
 from zoo.data.images import ImageClassificationDataModule
+from zoo.data.preprocessing import ImagePreprocessing
 from zoo.data.tokenizers import BOS, EOS, PAD, batched, train_tokenizer
 from zoo.errors import DataError
 
@@ -263,6 +264,9 @@ class LabelledCaptionDataModule(CaptionDataModule):
             if outer is not None and inner is not None and outer != inner:
                 raise DataError(f"data.{key}={outer} disagrees with data.images.{key}={inner}; set them alike")
 
+    def preprocessing(self) -> ImagePreprocessing:
+        return self.images.preprocessing()
+
     def build_datasets(self) -> tuple[Dataset, Dataset, Dataset]:
         self.images.setup()
         self.classes = tuple(self.images.classes)
@@ -328,6 +332,9 @@ class CaptionFileDataModule(CaptionDataModule):
         if len(self.mean) != in_channels or len(self.std) != in_channels:
             raise DataError(f"data.mean and data.std need {in_channels} values each, got {self.mean} and {self.std}")
         self.train_captions: list[str] = []
+
+    def preprocessing(self) -> ImagePreprocessing:
+        return ImagePreprocessing(self.image_size, self.in_channels, self.mean, self.std)
 
     def read_pairs(self) -> list[tuple[str, str]]:
         """(image path, caption) rows of the pairs file."""

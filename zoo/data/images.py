@@ -18,6 +18,7 @@ from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
+from zoo.data.preprocessing import ImagePreprocessing
 from zoo.errors import DataError
 
 
@@ -116,6 +117,36 @@ class ImageClassificationDataModule(L.LightningDataModule):
         self.train_set = TensorImageDataset(train_images[train_idx], train_labels[train_idx], train_tf)
         self.val_set = TensorImageDataset(train_images[val_idx], train_labels[val_idx], eval_tf)
         self.test_set = TensorImageDataset(test_images, test_labels, eval_tf)
+
+    def preprocessing(self) -> ImagePreprocessing:
+        """What the evaluation transform does (stored in checkpoints, so a trained model reads new images the same
+        way); the image size is the data's own where data.image_size is not set."""
+        size = self.image_size or (int(self.test_set.images.shape[-1]) if self.test_set is not None else None)
+        channels = self.in_channels or (int(self.test_set.images.shape[1]) if self.test_set is not None else None)
+        if size is None or channels is None:
+            raise DataError(f"{type(self).__name__}: set data.image_size and data.in_channels, or call setup() first")
+        return ImagePreprocessing(size, channels, self.mean, self.std, tuple(self.classes))
+
+    def write_examples(self, folder: str | Path, count: int = 10) -> list[Path]:
+        """The first test image of each class (up to `count`) as PNG files <index>_<class>.png, exactly the
+        pixels the test split holds: what `mode=predict` can be tried on."""
+        from torchvision.io import write_png
+
+        self.setup()
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        written, seen = [], set()
+        for index, label in enumerate(self.test_set.labels.tolist()):
+            if label in seen:
+                continue
+            seen.add(label)
+            name = self.classes[label] if label < len(self.classes) else str(label)
+            path = folder / f"{index:04d}_{''.join(c if c.isalnum() else '-' for c in name)}.png"
+            write_png(self.test_set.images[index].contiguous(), str(path))
+            written.append(path)
+            if len(written) == count:
+                break
+        return written
 
     def _needs_resize(self, images: torch.Tensor) -> bool:
         return self.image_size is not None and tuple(images.shape[-2:]) != (self.image_size, self.image_size)

@@ -129,6 +129,23 @@ class GPT(nn.Module):
             x = block(x, cache=caches[i] if caches is not None else None)
         return self.ln_f(x)
 
+    @torch.no_grad()
+    def attention_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """Per block, the causal attention probabilities (B, n_head, T, T) of token ids idx (B, T), as the
+        kernel effectively applies them (zeros where it does not attend). For inspection: slower."""
+        if idx.shape[1] > self.config.block_size:
+            raise ValueError(
+                f"sequence of {idx.shape[1]} tokens exceeds the model's block_size={self.config.block_size}"
+            )
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = self.wpe(x)
+        weights = []
+        for block in self.blocks:
+            x, attention = block(x, need_weights=True)
+            weights.append(attention["self"])
+        return weights
+
     def forward_head(self, features: torch.Tensor) -> torch.Tensor:
         return self.lm_head(features)  # (B, T, vocab_size)
 

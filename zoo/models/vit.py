@@ -141,6 +141,16 @@ class ViT(nn.Module):
             x = block(x)
         return self.norm(x)
 
+    @torch.no_grad()
+    def attention_weights(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """Per block, the attention probabilities (B, H, N(+1), N(+1)) the kernel effectively applies (zeros
+        where it does not attend); token 0 is the class token when pool='cls'. For inspection: slower."""
+        x, weights = self.patchify(images), []
+        for block in self.blocks:
+            x, attention = block(x, need_weights=True)
+            weights.append(attention["self"])
+        return weights
+
     def pool(self, features: torch.Tensor) -> torch.Tensor:
         """(B, N(+1), dim) -> (B, dim): the class token, or the mean of the patch tokens."""
         return features[:, 0] if self.config.pool == "cls" else features.mean(dim=1)
@@ -151,6 +161,23 @@ class ViT(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> logits (B, num_classes), or pooled features if num_classes == 0."""
         return self.forward_head(self.forward_features(images))
+
+
+def attention_rollout(weights: list[torch.Tensor], residual: bool = True) -> torch.Tensor:
+    """Attention rollout (Abnar & Zuidema 2020, eq. 1): how much each token's final state draws on each input
+    token, through all layers. Per layer the heads are averaged and, with `residual`, the skip connection is
+    added as an identity (0.5 A + 0.5 I), rows renormalised; the layers' matrices are then multiplied from
+    the first up. weights: per layer (B, H, N, N) -> (B, N, N), every row summing to 1."""
+    if not weights:
+        raise ValueError("attention rollout needs the attention weights of at least one layer")
+    rollout = None
+    for layer in weights:
+        attention = layer.float().mean(dim=1)  # (B, N, N)
+        if residual:
+            attention = 0.5 * attention + 0.5 * torch.eye(attention.shape[-1], device=attention.device)
+        attention = attention / attention.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+        rollout = attention if rollout is None else attention @ rollout
+    return rollout
 
 
 def resample_position_embedding(pos_embed: torch.Tensor, new_grid: int, num_prefix_tokens: int = 1) -> torch.Tensor:

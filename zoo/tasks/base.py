@@ -76,6 +76,13 @@ class ZooTask(L.LightningModule):
         checkpoint["zoo"] = identity(self)
         if self.tokenizer is not None:
             checkpoint["tokenizer"] = tokenizer_to_string(self.tokenizer)  # plain text: weights_only-safe
+        datamodule = self.attached_datamodule()
+        if hasattr(datamodule, "preprocessing"):  # image data: how new images must be read (zoo.load, mode=predict)
+            checkpoint["preprocessing"] = datamodule.preprocessing().to_dict()
+
+    def attached_datamodule(self) -> Any:
+        """The trainer's datamodule, None outside a Trainer."""
+        return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         task, family = checkpoint_identity(checkpoint)
@@ -91,7 +98,7 @@ class ZooTask(L.LightningModule):
         """Take a checkpoint's tokenizer and hand it to a datamodule that encodes text (`use_tokenizer`), so
         the data is encoded with the model's own vocabulary; keep the datamodule's prepared copy."""
         self.tokenizer = tokenizer
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        datamodule = self.attached_datamodule()
         if hasattr(datamodule, "use_tokenizer"):
             datamodule.use_tokenizer(tokenizer)
             self.tokenizer = datamodule.tokenizer

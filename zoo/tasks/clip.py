@@ -98,6 +98,12 @@ class CLIPTask(ZooTask):
                 f"model.net.text.eot_token_id={text.eot_token_id}"
             )
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        templates = getattr(self.attached_datamodule(), "templates", ())
+        if templates:  # the prompts of zero-shot classification, the default of mode=zero_shot
+            checkpoint["templates"] = list(templates)
+
     # -- inference ------------------------------------------------------------------------------------
     def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.net(images, tokens)

@@ -2,8 +2,8 @@
 
 The vocabulary comes from the data's tokenizer, so the network is built in `setup` once the corpus is
 tokenised (or in __init__ when the hyper-parameters already hold vocab_size, as a checkpoint's do). The
-tokenizer travels inside every checkpoint, and `load_language_model` rebuilds model and tokenizer from a
-checkpoint alone (what `python run.py model=gpt mode=generate ckpt_path=...` uses).
+tokenizer travels inside every checkpoint, and `zoo.load` rebuilds model and tokenizer from a checkpoint
+alone (what `python run.py model=gpt mode=generate ckpt_path=...` uses).
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ import torchmetrics
 from lightning.pytorch.utilities import rank_zero_only
 from tokenizers import Tokenizer
 
-from zoo.data.tokenizers import encode_text, tokenizer_from_string, tokenizer_kind, tokenizer_to_string
-from zoo.errors import CheckpointError
+from zoo.data.tokenizers import encode_text, tokenizer_kind, tokenizer_to_string
 from zoo.models.gpt import GPT, GPTConfig, SamplingConfig
 from zoo.tasks.base import ZooTask
 from zoo.training.loggers import log_text_table
-from zoo.weights import checkpoint_identity, network_state_dict, read_checkpoint
 
 # The text logged at each validation: a prompt, a seed of its own, and how to sample (SamplingConfig).
 SAMPLE_DEFAULTS = {"prompt": "\n", "seed": 0, **asdict(SamplingConfig())}
@@ -197,17 +195,3 @@ def generate_text(
         idx, sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p, generator=generator
     )
     return tokenizer.decode(out[0].tolist())
-
-
-def load_language_model(path: str, map_location: str | torch.device = "cpu") -> tuple[GPT, Tokenizer]:
-    """A GPT and its tokenizer from a checkpoint of `model=gpt` (zoo's reader: weights_only)."""
-    checkpoint = read_checkpoint(path, map_location=map_location)
-    task, family = checkpoint_identity(checkpoint)
-    if family != LanguageModelTask.family or "tokenizer" not in checkpoint:
-        raise CheckpointError(
-            f"ckpt_path={path!r} is not a GPT checkpoint (written by {task or 'an unknown task'}); "
-            "mode=generate needs a checkpoint written by `python run.py model=gpt`"
-        )
-    model = GPT(GPTConfig.from_dict(checkpoint["hyper_parameters"]["net"]))
-    model.load_state_dict(network_state_dict(checkpoint["state_dict"]))
-    return model.eval(), tokenizer_from_string(checkpoint["tokenizer"])

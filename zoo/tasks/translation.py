@@ -5,8 +5,8 @@ label smoothing 0.1 (padding ignored). Validation decodes greedily (fast) for `v
 with beam search and greedily, both scored with sacrebleu on detokenized text against the raw
 references. A few sample translations and a cross-attention alignment heatmap are logged each epoch.
 
-`load_translator` rebuilds model and tokenizer from a checkpoint (what `python run.py model=translation
-mode=translate ckpt_path=... 'text="Ein Mann fährt Fahrrad."'` uses).
+A checkpoint carries the tokenizer: `zoo.load` rebuilds model and tokenizer from it (what `python run.py
+model=translation mode=translate ckpt_path=... 'text="Ein Mann fährt Fahrrad."'` uses).
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from zoo.data.parallel_text import decode_ids
-from zoo.data.tokenizers import BOS, EOS, PAD, tokenizer_from_string
-from zoo.errors import CheckpointError, DataError
+from zoo.data.tokenizers import BOS, EOS, PAD
+from zoo.errors import DataError
 from zoo.models.translation import TranslationConfig, TranslationTransformer, beam_search, greedy_decode
 from zoo.tasks.base import ZooTask
 from zoo.training.loggers import heatmap_figure, log_image, log_text_table
-from zoo.weights import checkpoint_identity, network_state_dict, read_checkpoint
 
 log = logging.getLogger("zoo")
 
@@ -203,21 +202,3 @@ class TranslationTask(ZooTask):
         )
         path = Path(self.trainer.default_root_dir) / "alignments" / f"{stage}_epoch{self.current_epoch:03d}.png"
         log_image(self, f"{stage}/alignment", figure, save_path=path)
-
-
-def load_translator(ckpt_path: str) -> tuple[TranslationTransformer, Tokenizer, dict[str, Any]]:
-    """Model, tokenizer and task hyper-parameters of a TranslationTask checkpoint (zoo's reader: weights_only)."""
-    checkpoint = read_checkpoint(ckpt_path)
-    task, family = checkpoint_identity(checkpoint)
-    if (
-        "tokenizer" not in checkpoint
-        or "net" not in checkpoint.get("hyper_parameters", {})
-        or family not in (None, TranslationTask.family)
-    ):
-        raise CheckpointError(
-            f"ckpt_path={ckpt_path!r} is not a translation checkpoint (written by {task or 'an unknown task'})"
-        )
-    hparams = dict(checkpoint["hyper_parameters"])
-    net = TranslationTransformer(TranslationConfig.from_dict(dict(hparams["net"])))
-    net.load_state_dict(network_state_dict(checkpoint["state_dict"]))
-    return net.eval(), tokenizer_from_string(checkpoint["tokenizer"]), hparams

@@ -1,6 +1,7 @@
 """Logging that works with every logger: media (images, text tables), gradient norms, W&B setup.
 
-Tasks call `log_image` / `log_text_table` without knowing which loggers are configured: W&B gets
+Tasks call `log_image` / `log_text_table` (with themselves, a Trainer, or a plain list of loggers as the
+owner) without knowing which loggers are configured: W&B gets
 `wandb.Image` / `wandb.Table`, TensorBoard gets `add_image` / a markdown table, CSV (and anything else)
 ignores media. Only global rank 0 logs. `heatmap_figure` and `confusion_matrix_figure` draw the
 matrices tasks log (attention maps, confusion matrices, CLIP image-text similarities).
@@ -32,7 +33,9 @@ def _trainer(owner: L.LightningModule | L.Trainer) -> L.Trainer | None:
     return owner._trainer  # None when the module is not attached to a Trainer (e.g. in a notebook)
 
 
-def _media_loggers(owner: L.LightningModule | L.Trainer) -> tuple[L.Trainer | None, list[Logger]]:
+def _media_loggers(owner: L.LightningModule | L.Trainer | Sequence[Logger]) -> tuple[L.Trainer | None, list[Logger]]:
+    if isinstance(owner, (list, tuple)):  # loggers of a run without a Trainer (inference modes of run.py)
+        return None, list(owner)
     trainer = _trainer(owner)
     if trainer is None or not trainer.is_global_zero or trainer.sanity_checking:
         return trainer, []

@@ -1,0 +1,145 @@
+"""zoo.load and exported folders: a checkpoint and an exported folder rebuild the same network (same outputs,
+tokenizer, preprocessing, settings) without Lightning or Hydra; ONNX matches PyTorch within 1e-4 under
+onnxruntime; the Hugging Face folder is GPT-2 with the same logits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import zoo
+from tests.helpers import ROOT, as_checkpoint, tiny_model
+from zoo.errors import CheckpointError, UsageError
+from zoo.export import ONNX_FILE, export_huggingface, export_onnx, onnx_difference, save_folder, tied_weights
+
+FAMILIES = ("vit", "gpt", "translation", "clip")
+
+
+def outputs(model: torch.nn.Module) -> torch.Tensor:
+    """The network's own forward on fixed inputs of its family."""
+    generator = torch.Generator().manual_seed(1)
+    family = model.config.family
+    with torch.no_grad():
+        if family == "vit":
+            return model(torch.randn(3, 1, 8, 8, generator=generator))
+        if family == "gpt":
+            return model(torch.randint(0, model.config.vocab_size, (2, 16), generator=generator))
+        if family == "translation":
+            src = torch.randint(3, model.config.vocab_size, (2, 7), generator=generator)
+            return model(src, torch.randint(3, model.config.vocab_size, (2, 5), generator=generator))
+        images, texts = torch.randn(3, 1, 8, 8, generator=generator), torch.randint(3, 20, (2, 9), generator=generator)
+        texts[:, -1] = model.config.text.eot_token_id
+        return torch.cat([model.encode_image(images), model.encode_text(texts)])
+
+
+def assert_same_model(loaded: torch.nn.Module, model: torch.nn.Module) -> None:
+    assert type(loaded) is type(model) and not loaded.training
+    assert loaded.config.to_dict() == model.config.to_dict()
+    assert torch.equal(outputs(loaded), outputs(model))
+    assert (loaded.tokenizer is None) == (model.tokenizer is None)
+    if model.tokenizer is not None:
+        assert loaded.tokenizer.to_str() == model.tokenizer.to_str()
+    assert loaded.preprocessing == model.preprocessing
+    assert loaded.settings == model.settings
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_checkpoint_and_its_exported_folder_load_to_the_same_outputs(family: str, tmp_path: Path) -> None:
+    model = tiny_model(family)
+    checkpoint = as_checkpoint(model, tmp_path / "last.ckpt")
+    from_checkpoint = zoo.load(checkpoint)
+    assert_same_model(from_checkpoint, model)
+    folder = save_folder(from_checkpoint, tmp_path / "export")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["family"] == family and config["model"] == model.config.to_dict()
+    assert (folder / "tokenizer.json").is_file() == (family != "vit")
+    assert (folder / "preprocessing.json").is_file() == (family in ("vit", "clip"))
+    assert_same_model(zoo.load(folder), model)
+
+
+def test_a_tied_weight_is_stored_once_and_stays_tied(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    model = tiny_model("gpt")
+    assert tied_weights(model) == {"lm_head.weight"}
+    folder = save_folder(model, tmp_path / "gpt")
+    with safe_open(str(folder / "model.safetensors"), "pt") as stored:
+        names = set(stored.keys())
+    assert "lm_head.weight" not in names and "wte.weight" in names
+    loaded = zoo.load(folder)
+    assert loaded.lm_head.weight is loaded.wte.weight
+
+
+def test_device_moves_the_model(tmp_path: Path) -> None:
+    folder = save_folder(tiny_model("vit"), tmp_path / "vit")
+    assert next(zoo.load(folder).parameters()).device.type == "cpu"
+    assert next(zoo.load(folder, device="meta").parameters()).device.type == "meta"
+
+
+def test_loading_needs_neither_lightning_nor_hydra(tmp_path: Path) -> None:
+    folder = save_folder(tiny_model("clip"), tmp_path / "clip")
+    code = (
+        "import sys, zoo; assert 'zoo.export' not in sys.modules; model = zoo.load(sys.argv[1]); "
+        "print(type(model).__name__, sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', "
+        "'pytorch_lightning', 'hydra', 'omegaconf') or m.startswith(('zoo.app', 'zoo.tasks', 'zoo.training'))))"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "CLIP []"
+
+
+def test_what_is_no_model_gets_one_line(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="without config.json"):
+        zoo.load(tmp_path / "empty")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(CheckpointError, match="Hugging Face GPT-2 folder.*from_pretrained"):
+        zoo.load(tmp_path / "hf")
+    torch.save({"state_dict": {}, "hyper_parameters": {}}, tmp_path / "other.ckpt")
+    with pytest.raises(CheckpointError, match="not a checkpoint of a zoo model.*mode=export"):
+        zoo.load(tmp_path / "other.ckpt")
+
+
+@pytest.mark.parametrize(("family", "attention"), [("vit", "local"), ("gpt", "rope")])
+def test_onnx_matches_pytorch_under_onnxruntime(family: str, attention: str, tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    model = tiny_model(family, attention)
+    path = export_onnx(model, tmp_path / ONNX_FILE)
+    assert onnx_difference(model, path) <= 1e-4
+
+
+def test_onnx_is_for_vit_and_gpt(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="format=onnx supports model=gpt and model=vit, not model=clip"):
+        export_onnx(tiny_model("clip"), tmp_path / ONNX_FILE)
+
+
+def test_huggingface_folder_is_gpt2_with_the_same_logits_and_tokens(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    model = tiny_model("gpt")
+    folder = export_huggingface(model, tmp_path / "hf")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
+    ids = torch.tensor([tokenizer("def f(x):")["input_ids"]])
+    assert ids[0].tolist() == model.tokenizer.encode("def f(x):").ids
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("family", "attention", "message"), [
+    ("gpt", "rope", "format=huggingface: GPT-2 has full attention.*rope=True.*supported: attention=full without RoPE"),
+    ("gpt", "local", "variant='local'.*supported: attention=full without RoPE"),
+    ("vit", "full", "format=huggingface writes GPT-2 folders \\(model=gpt\\), not model=vit; valid formats for it: "
+                    "safetensors, onnx"),
+])  # fmt: skip
+def test_huggingface_export_refuses_what_gpt2_is_not(family, attention, message, tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    with pytest.raises(UsageError, match=message):
+        export_huggingface(tiny_model(family, attention), tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

@@ -1,0 +1,264 @@
+"""A trained model outside the training code: `load` a checkpoint or an exported folder as the pure nn.Module,
+and write it out as a self-contained folder (`save_folder`), as ONNX (`export_onnx`) or as a Hugging Face
+GPT-2 folder (`export_huggingface`). Pure torch + safetensors + JSON: no Lightning, no Hydra.
+
+An exported folder holds
+    config.json          {"format": "zoo", "family": ..., "model": <the model config as a dict>, "settings": ...}
+    model.safetensors    the network's weights (a tied weight stored once)
+    tokenizer.json       text families: the Hugging Face `tokenizers` tokenizer
+    preprocessing.json   image families: size, channels, mean, std, class names (zoo.data.preprocessing)
+    model.onnx           format=onnx only (ViT, GPT; static shapes)
+
+`load` returns the network in eval mode with three attributes: `tokenizer` (or None), `preprocessing` (an
+ImagePreprocessing, or None) and `settings` (the task's inference options, e.g. translation's beam_size).
+Weights are read through zoo.weights only (no code runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from zoo.data.preprocessing import ImagePreprocessing
+from zoo.data.tokenizers import tokenizer_from_string
+from zoo.errors import CheckpointError, UsageError
+from zoo.models.clip import CLIP, CLIPConfig
+from zoo.models.gpt import GPT, GPTConfig
+from zoo.models.translation import TranslationConfig, TranslationTransformer
+from zoo.models.vit import ViT, ViTConfig
+from zoo.weights import checkpoint_identity, network_state_dict, read_checkpoint, read_weights
+
+FAMILIES: dict[str, tuple[type[nn.Module], Any]] = {
+    "vit": (ViT, ViTConfig),
+    "gpt": (GPT, GPTConfig),
+    "translation": (TranslationTransformer, TranslationConfig),
+    "clip": (CLIP, CLIPConfig),
+}
+ONNX_FAMILIES = ("gpt", "vit")
+CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
+PREPROCESSING_FILE, ONNX_FILE = "preprocessing.json", "model.onnx"
+FOLDER_FORMAT = "zoo"
+# Task hyper-parameters that only training reads; the rest are inference settings (beam_size, ...).
+TRAINING_ONLY = ("net", "optimizer", "scheduler", "compile", "pretrained")
+
+
+# -- loading ------------------------------------------------------------------------------------------
+def load(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
+    """The trained network of a zoo checkpoint (`outputs/<model>/<run>/checkpoints/*.ckpt`) or of a folder
+    written by `mode=export`, in eval mode on `device`, with `.tokenizer`, `.preprocessing` and `.settings`."""
+    source = Path(path).expanduser()
+    model = _from_folder(source) if source.is_dir() else _from_checkpoint(source)
+    return model.to(device).eval()
+
+
+def family_of(model: nn.Module) -> str:
+    """vit | gpt | translation | clip: the family of a network from zoo.models."""
+    family = getattr(getattr(model, "config", None), "family", None)
+    if family not in FAMILIES:
+        raise ValueError(
+            f"not a zoo model: {type(model).__name__}; valid: {', '.join(c.__name__ for c, _ in FAMILIES.values())}"
+        )
+    return family
+
+
+def _from_checkpoint(path: Path) -> nn.Module:
+    checkpoint = read_checkpoint(path)
+    task, family = checkpoint_identity(checkpoint)
+    hparams = checkpoint.get("hyper_parameters") or {}
+    if family not in FAMILIES or not isinstance(hparams.get("net"), dict):
+        raise CheckpointError(
+            f"ckpt_path={str(path)!r} is not a checkpoint of a zoo model (written by {task or 'an unknown task'}); "
+            f"valid: one written by `python run.py model={'|'.join(FAMILIES)}`, or a folder written by mode=export"
+        )
+    settings = {key: value for key, value in hparams.items() if key not in TRAINING_ONLY}
+    if "templates" in checkpoint:
+        settings["templates"] = list(checkpoint["templates"])
+    tokenizer = tokenizer_from_string(checkpoint["tokenizer"]) if "tokenizer" in checkpoint else None
+    preprocessing = checkpoint.get("preprocessing")
+    preprocessing = ImagePreprocessing.from_dict(preprocessing) if preprocessing else None
+    state = network_state_dict(checkpoint["state_dict"])
+    return _assemble(family, hparams["net"], state, tokenizer, preprocessing, settings, str(path))
+
+
+def _from_folder(folder: Path) -> nn.Module:
+    config_file = folder / CONFIG_FILE
+    if not config_file.is_file():
+        raise CheckpointError(
+            f"{str(folder)!r} is a folder without {CONFIG_FILE}; valid: a folder written by mode=export"
+        )
+    try:
+        config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CheckpointError(f"{config_file} is not valid JSON") from None
+    if config.get("model_type") == "gpt2":
+        raise CheckpointError(
+            f"{str(folder)!r} is a Hugging Face GPT-2 folder: load it with transformers "
+            "(GPT2LMHeadModel.from_pretrained), or zoo's GPT.from_huggingface on that model"
+        )
+    if config.get("format") != FOLDER_FORMAT or config.get("family") not in FAMILIES:
+        raise CheckpointError(
+            f"{config_file} does not describe a zoo model (format {config.get('format')!r}, family "
+            f"{config.get('family')!r}); valid families: {', '.join(FAMILIES)}"
+        )
+    tokenizer = None
+    if (folder / TOKENIZER_FILE).is_file():
+        tokenizer = tokenizer_from_string((folder / TOKENIZER_FILE).read_text(encoding="utf-8"))
+    preprocessing = None
+    if (folder / PREPROCESSING_FILE).is_file():
+        preprocessing = ImagePreprocessing.from_dict(json.loads((folder / PREPROCESSING_FILE).read_text()))
+    state = read_weights(folder / WEIGHTS_FILE, "weights")
+    return _assemble(
+        config["family"], config["model"], state, tokenizer, preprocessing, config.get("settings", {}), str(folder)
+    )
+
+
+def _assemble(
+    family: str,
+    config: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    tokenizer: Any,
+    preprocessing: ImagePreprocessing | None,
+    settings: dict[str, Any],
+    where: str,
+) -> nn.Module:
+    """The network of `family` built from its config dict, its weights loaded (a tied weight may be stored
+    once), the tokenizer, preprocessing and inference settings attached."""
+    network, config_class = FAMILIES[family]
+    model = network(config_class.from_dict(config))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [key for key in missing if key not in tied_weights(model)]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{where!r}: the weights do not fit the {family} model its config describes "
+            f"(missing {missing[:4]}, unexpected {unexpected[:4]})"
+        )
+    model.tokenizer, model.preprocessing, model.settings = tokenizer, preprocessing, dict(settings)
+    return model
+
+
+def tied_weights(model: nn.Module) -> set[str]:
+    """State-dict keys that share their storage with an earlier key (GPT's LM head is its token table)."""
+    seen, tied = set(), set()
+    for key, tensor in model.state_dict().items():
+        if tensor.numel() == 0:
+            continue
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer in seen:
+            tied.add(key)
+        seen.add(pointer)
+    return tied
+
+
+# -- writing ------------------------------------------------------------------------------------------
+def save_folder(model: nn.Module, folder: str | Path) -> Path:
+    """A self-contained folder that `load` (or any safetensors + JSON reader) rebuilds `model` from."""
+    from safetensors.torch import save_file
+
+    family = family_of(model)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tied = tied_weights(model)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k not in tied}
+    save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt", "family": family})
+    config = {
+        "format": FOLDER_FORMAT,
+        "family": family,
+        "model": model.config.to_dict(),
+        "settings": getattr(model, "settings", None) or {},
+    }
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    if getattr(model, "tokenizer", None) is not None:
+        (folder / TOKENIZER_FILE).write_text(model.tokenizer.to_str(), encoding="utf-8")
+    if getattr(model, "preprocessing", None) is not None:
+        (folder / PREPROCESSING_FILE).write_text(json.dumps(model.preprocessing.to_dict(), indent=2) + "\n")
+    return folder
+
+
+def onnx_example(model: nn.Module) -> tuple[str, torch.Tensor]:
+    """The input name and a fixed-shape example input of the ONNX graph: images (1, C, H, W) for a ViT,
+    token ids (1, block_size) for a GPT."""
+    family = family_of(model)
+    generator = torch.Generator().manual_seed(0)
+    if family == "vit":
+        size, channels = model.config.image_size, model.config.in_channels
+        return "images", torch.randn(1, channels, size, size, generator=generator)
+    if family == "gpt":
+        shape = (1, model.config.block_size)
+        return "input_ids", torch.randint(0, model.config.vocab_size, shape, generator=generator)
+    raise UsageError(f"format=onnx supports model={' and model='.join(ONNX_FAMILIES)}, not model={family}")
+
+
+def export_onnx(model: nn.Module, path: str | Path) -> Path:
+    """The network as an ONNX graph of static shapes (`onnx_example`), output `logits`, via torch.export."""
+    name, example = onnx_example(model)
+    try:
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401  (torch.onnx's exporter is written in it)
+    except ImportError:
+        raise UsageError("format=onnx needs the onnx and onnxscript packages: pip install -e '.[test]'") from None
+    model = model.eval()
+    with torch.no_grad():
+        model(example)  # warm-up: local attention caches its block mask, which must not be created while tracing
+    large = sum(p.numel() * p.element_size() for p in model.parameters()) > 1 << 30
+    with _quiet_exporter(), torch.no_grad():
+        torch.onnx.export(
+            model, (example,), str(path), dynamo=True, input_names=[name], output_names=["logits"],
+            external_data=large, verbose=False,
+        )  # fmt: skip
+    return Path(path)
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """torch.onnx narrates every step on stdout and its passes log at INFO: keep the console for zoo's summary."""
+    loggers = [logging.getLogger(name) for name in ("onnx_ir", "onnxscript", "torch.onnx")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def onnx_difference(model: nn.Module, path: str | Path) -> float:
+    """The largest absolute difference between onnxruntime's outputs for the ONNX graph at `path` and the
+    network's own, on the example input."""
+    import onnxruntime
+
+    name, example = onnx_example(model)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (output,) = session.run(["logits"], {name: example.numpy()})
+    with torch.no_grad():
+        reference = model(example)
+    return float((torch.from_numpy(output) - reference).abs().max())
+
+
+def export_huggingface(model: nn.Module, folder: str | Path) -> Path:
+    """A GPT as a `transformers` GPT-2 folder (save_pretrained: config.json, model.safetensors, and the
+    tokenizer as a PreTrainedTokenizerFast): GPT-2 is full attention with learned positions."""
+    family = family_of(model)
+    if family != "gpt":
+        raise UsageError(f"format=huggingface writes GPT-2 folders (model=gpt), not model={family}; valid formats "
+                         f"for it: safetensors{', onnx' if family in ONNX_FAMILIES else ''}")  # fmt: skip
+    try:
+        hf_model = model.to_huggingface()
+    except ValueError as error:
+        raise UsageError(f"format=huggingface: {error}; supported: attention=full without RoPE") from None
+    from transformers import PreTrainedTokenizerFast
+
+    folder = Path(folder)
+    hf_model.save_pretrained(folder)
+    if getattr(model, "tokenizer", None) is not None:
+        PreTrainedTokenizerFast(tokenizer_object=model.tokenizer).save_pretrained(folder)
+    return folder
