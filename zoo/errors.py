@@ -106,7 +106,9 @@ def free_space(path: str | Path) -> str:
 
 
 def storage_message(failure: OSError, target: str | Path | None = None) -> str:
-    """`cannot write <file>: no space left on device (0 B free of 2.6 MB in <folder>)`."""
+    """`cannot write <file>: no space left on device (0 B free of 2.6 MB in <folder>)` (`cannot access` for a
+    permission error, which a read meets too)."""
     target = Path(target or failure.filename or ".")
     folder = target if target.is_dir() else target.parent
-    return f"cannot write {target}: {STORAGE_ERRNOS[failure.errno]} ({free_space(folder)} in {folder})"
+    verb = "cannot access" if failure.errno in (errno.EACCES, errno.EPERM) else "cannot write"
+    return f"{verb} {target}: {STORAGE_ERRNOS[failure.errno]} ({free_space(folder)} in {folder})"

@@ -3,13 +3,16 @@
 Everything is built from the Hydra config with `hydra.utils.instantiate`, so the YAML files in conf/ are the
 documentation of every knob. Every trainer also gets zoo's safety net (zoo/training/): atomic checkpoint
 writes, generator states in checkpoints (exact resume), a stop on a non-finite loss, a checkpoint on
-SIGTERM / Ctrl-C, and mixed precision that clips gradients with fused optimisers. Checkpoints are read
-through zoo.weights (no code runs).
+SIGTERM / SIGUSR1 / Ctrl-C (a SLURM requeue on SIGUSR1), and mixed precision that clips gradients with fused
+optimisers. Checkpoints are read through zoo.weights (no code runs). Faults of the machine during fit or test (a
+full or read-only disk, a rank or data-loader worker that died) end as one MachineFault naming the last good
+checkpoint (`survivable_faults`).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import warnings
 from collections.abc import Iterator
@@ -243,7 +246,10 @@ def survivable_faults(trainer: L.Trainer) -> Iterator[None]:
         failure = storage_failure(error)
         if failure is not None:
             raise storage_fault(failure, failure.filename or folder or ".", folder) from error
-        what = lost_peer(error, trainer.world_size, trainer.global_rank) or lost_worker(error)
+        peer = lost_peer(error, trainer.world_size, trainer.global_rank)
+        what = peer or lost_worker(error)
         if what is None:
             raise
+        if peer is not None and trainer.strategy.launcher is not None:
+            trainer.strategy.launcher.kill(signal.SIGKILL)  # ranks this process started: a hung one would stay
         raise MachineFault(f"{what}; {last_good_checkpoint_note(folder)}") from error

@@ -57,7 +57,7 @@ def lost_peer(error: BaseException, world_size: int, rank: int) -> str | None:
     said = PEER_LOST.search(text)
     return (
         f"another process of this {world_size}-process run died or stopped answering (rank {rank} saw: "
-        f"{said.group(0) if said else type(error).__name__}); this process stops too"
+        f"{said.group(0) if said else type(error).__name__}); the run stops"
     )
 
 
