@@ -51,6 +51,20 @@ def run_cli(
     )
 
 
+def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    """Start `python run.py <args>` in the background (text pipes for its output)."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )  # fmt: skip
+
+
+def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) once the process, and every process that holds its pipes, has ended."""
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out, err
+
+
 def run_in_process(args: list[str], capsys=None) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of `python run.py <args>`, run in this process: run.py executed as
     __main__ with runpy, the command line's own code path without a new interpreter per run. Without

@@ -8,7 +8,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 
 import zoo.training.checkpoints
-from tests.helpers import ROOT, compose_config
+from tests.helpers import compose_config, finish, start
 from zoo.app.cli import claim_run_dir, prepare_arguments
 from zoo.app.pipeline import prepare_checkpoint, with_safety_net
 from zoo.app.secrets import redact
@@ -306,18 +305,6 @@ TINY_VIT = [
     "callbacks.rich_model_summary=null", "callbacks.lr_monitor=null", "+trainer.enable_progress_bar=false",
     "print_config=false",
 ]  # fmt: skip
-
-
-def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-    )  # fmt: skip
-
-
-def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
-    out, err = process.communicate(timeout=timeout)
-    return process.returncode, out, err
 
 
 def wait_for(pattern: str, root: Path, process: subprocess.Popen, timeout: float = 180) -> Path:

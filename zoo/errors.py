@@ -3,11 +3,16 @@
 Every error here means input that cannot be used as given (a value, a file, a folder); its message is one
 line naming the bad value and what would be valid. The command line (zoo/app/reporting.py) prints such an
 error as `error: <message>` and exits with status 2; anything else is a bug and keeps its traceback.
+MachineFault is the other kind: the machine failed the run (a full or read-only disk, a process that died); its
+line names what failed, where, and the last good checkpoint, and the exit status is 3 (resumable once fixed).
 Kept free of torch and of every other zoo module.
 """
 
 from __future__ import annotations
 
+import errno
+import shutil
+from pathlib import Path
 from typing import Any
 
 
@@ -25,6 +30,12 @@ class CheckpointError(ValueError):
 
 class NonFiniteLossError(RuntimeError):
     """Training produced a NaN or infinite loss: the run cannot go on (reported in one line, like bad input)."""
+
+
+class MachineFault(RuntimeError):
+    """The machine failed the run, not its input: a full, read-only or unwritable disk, a training process or a
+    data-loader worker that died. The message names what failed, where, and the last good checkpoint; once the
+    fault is fixed, resuming continues the run."""
 
 
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, NotADirectoryError, NonFiniteLossError)
@@ -48,3 +59,56 @@ def check_choice(name: str, value: Any, choices: Any) -> None:
     """ValueError naming `name` and the valid choices unless value is one of them."""
     if value not in choices:
         raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(map(str, sorted(choices)))}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Disks that refuse a write
+# ---------------------------------------------------------------------------------------------------------
+STORAGE_ERRNOS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+
+
+def storage_failure(error: BaseException | None) -> OSError | None:
+    """The OSError of a full, read-only or unwritable disk behind `error` (itself, or what it was raised from or
+    while handling: torch's zip writer reports a full disk as a RuntimeError raised while handling ENOSPC)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in STORAGE_ERRNOS:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if count < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    raise AssertionError("unreachable")
+
+
+def free_space(path: str | Path) -> str:
+    """'1.2 MB free of 2.6 MB' for the file system holding `path` (or its nearest existing parent)."""
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return "free space unknown"
+    return f"{human_bytes(usage.free)} free of {human_bytes(usage.total)}"
+
+
+def storage_message(failure: OSError, target: str | Path | None = None) -> str:
+    """`cannot write <file>: no space left on device (0 B free of 2.6 MB in <folder>)` (`cannot access` for a
+    permission error, which a read meets too)."""
+    target = Path(target or failure.filename or ".")
+    folder = target if target.is_dir() else target.parent
+    verb = "cannot access" if failure.errno in (errno.EACCES, errno.EPERM) else "cannot write"
+    return f"{verb} {target}: {STORAGE_ERRNOS[failure.errno]} ({free_space(folder)} in {folder})"

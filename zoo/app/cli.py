@@ -5,13 +5,16 @@ Kept free of torch and Lightning imports so that a mistyped option is answered i
 - `prepare_arguments(args)`: rejects unknown config-group options (`model=foo`) before Hydra starts, and
   turns `auto_resume=<run dir>` / `ckpt_path=<run dir>/checkpoints/x.ckpt` into a run that continues in
   that directory with that run's own overrides.
-- The `fresh_dir` resolver (conf/hydra/default.yaml): a run directory no other run has claimed.
+- The `fresh_dir` resolver (conf/hydra/default.yaml): a run directory no other run has claimed; a run that
+  fails before it starts (bad input) takes its directory away again (`discard_unstarted_run`).
+- The `image_classes` resolver (conf/data/image_folder.yaml): num_classes counted from the class folders.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
+import shutil
 import warnings
 from datetime import datetime
 from pathlib import Path
@@ -21,10 +24,12 @@ from omegaconf import OmegaConf
 from zoo.app.overrides import CONF, group_options, is_group, split_override
 from zoo.errors import UsageError
 
-
 # ---------------------------------------------------------------------------------------------------------
 # Run directories
 # ---------------------------------------------------------------------------------------------------------
+CLAIMED: list[Path] = []  # the run directories this process created
+
+
 def claim_run_dir(path: str) -> str:
     """Create `path` (or `path_1`, `path_2`, ... if taken) and return it: mkdir is atomic, so two runs
     started in the same second, even on different machines sharing a disk, never share a directory."""
@@ -36,12 +41,44 @@ def claim_run_dir(path: str) -> str:
             candidate.mkdir()
         except FileExistsError:
             continue
+        CLAIMED.append(candidate)
         return str(candidate)
     raise AssertionError("unreachable")
 
 
+# What Hydra writes into a run directory before zoo's code runs: a folder holding nothing more is a run that
+# never started.
+HYDRA_ONLY = {".hydra", "run.log"}
+
+
+def discard_unstarted_run(folder: str | Path | None = None) -> bool:
+    """Remove `folder` (default: the run directory this process created last) if this process created it and
+    it holds only Hydra's own files: a run refused for bad input before it started. True if removed; a
+    directory with anything else in it is kept."""
+    if not CLAIMED:
+        return False
+    folder = Path(folder).resolve() if folder is not None else CLAIMED[-1].resolve()
+    if folder not in {claimed.resolve() for claimed in CLAIMED}:
+        return False
+    if not folder.is_dir() or not {p.name for p in folder.iterdir()} <= HYDRA_ONLY:
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return not folder.exists()
+
+
 # use_cache: one directory per config; Hydra copies the cache into every job of a sweep.
 OmegaConf.register_new_resolver("fresh_dir", claim_run_dir, use_cache=True, replace=True)
+
+
+def count_image_classes(data_dir: str) -> int:
+    """`${image_classes:<folder>}` (conf/data/image_folder.yaml): the number of class folders, so the model's
+    num_classes comes from the data; a missing or empty folder, or a class without images, is one DataError."""
+    from zoo.data.images import image_folder_classes  # only for data=image_folder: torch loads when it resolves
+
+    return len(image_folder_classes(data_dir))
+
+
+OmegaConf.register_new_resolver("image_classes", count_image_classes, replace=True)
 
 # conf/hydra/launcher/{submitit_slurm,joblib}.yaml take the names of the plugins' structured configs on purpose
 # (users type the names they know); Hydra then validates each file against that schema and warns that this

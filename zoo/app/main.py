@@ -13,27 +13,28 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, open_dict
 
+from zoo.app.cli import discard_unstarted_run
 from zoo.app.modes import MODES, suggest_prediction
 from zoo.app.pipeline import prepare_checkpoint, print_config_tree
-from zoo.app.reporting import EXIT_BAD_INPUT, full_error_requested, user_error_message
+from zoo.app.reporting import EXIT_FAULT, exit_status, full_error_requested, user_error_message
 from zoo.app.secrets import scrub_saved_config
 from zoo.app.sweep import trial_failed, trial_objective
 from zoo.errors import check_choice
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
-    """Seed, print the config, run the chosen mode, report and save the metrics."""
+    """Seed, check, print the config, run the chosen mode, report and save the metrics."""
     scrub_saved_config(cfg.get("paths", {}).get("output_dir"))
     mode = cfg.get("mode", "train")
     check_choice("mode", mode, MODES)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
-    if cfg.get("print_config", True):
-        print_config_tree(cfg)
     torch.set_float32_matmul_precision(cfg.get("float32_matmul_precision", "high"))
     if mode != "train" and cfg.get("ckpt_path") and not Path(str(cfg.ckpt_path)).expanduser().is_dir():
         with open_dict(cfg):  # a checkpoint file; a folder written by mode=export is checked by zoo.load
             cfg.ckpt_path = prepare_checkpoint(cfg)
+    if cfg.get("print_config", True) and mode != "train":
+        print_config_tree(cfg)  # the train mode prints it once the run is built and checked (zoo.app.pipeline)
     metrics = MODES[mode](cfg)
     report(cfg, metrics)
     if mode == "train" and not in_sweep():
@@ -73,8 +74,8 @@ def in_sweep() -> bool:
 
 
 def main(cfg: DictConfig) -> float | None:
-    """run() with bad input reported as one line (exit status 2; HYDRA_FULL_ERROR=1 keeps the traceback);
-    returns cfg.optimized_metric for sweepers."""
+    """run() with bad input reported as one line (exit status 2), a fault of the machine too (status 3, with
+    how to resume); HYDRA_FULL_ERROR=1 keeps the traceback. Returns cfg.optimized_metric for sweepers."""
     try:
         metrics = run(cfg)
     except Exception as error:
@@ -83,8 +84,13 @@ def main(cfg: DictConfig) -> float | None:
         message = user_error_message(error, task_overrides())
         if message is None or full_error_requested():
             raise
+        output_dir = cfg.get("paths", {}).get("output_dir")
+        status = exit_status(error)
+        if status == EXIT_FAULT and output_dir and cfg.get("mode", "train") == "train" and cfg.get("train", True):
+            message += f"; once fixed, resume with: python run.py auto_resume={output_dir}"
+        discard_unstarted_run(output_dir)  # a run refused before it started leaves no folder behind
         print(f"error: {message}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
+        sys.exit(status)
     if in_sweep():
         return trial_objective(cfg, metrics)  # a missing or non-finite metric is a failed trial, not a crash
     name = cfg.get("optimized_metric")

@@ -3,15 +3,20 @@
 Everything is built from the Hydra config with `hydra.utils.instantiate`, so the YAML files in conf/ are the
 documentation of every knob. Every trainer also gets zoo's safety net (zoo/training/): atomic checkpoint
 writes, generator states in checkpoints (exact resume), a stop on a non-finite loss, a checkpoint on
-SIGTERM / Ctrl-C, and mixed precision that clips gradients with fused optimisers. Checkpoints are read
-through zoo.weights (no code runs).
+SIGTERM / SIGUSR1 / Ctrl-C (a SLURM requeue on SIGUSR1), and mixed precision that clips gradients with fused
+optimisers. Checkpoints are read through zoo.weights (no code runs). Faults of the machine during fit or test (a
+full or read-only disk, a rank or data-loader worker that died) end as one MachineFault naming the last good
+checkpoint (`survivable_faults`).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +35,19 @@ from rich.tree import Tree
 
 from zoo.app.devices import check_devices
 from zoo.app.secrets import redact, redacted
-from zoo.errors import CheckpointError, UsageError
-from zoo.training.callbacks import CheckpointOnInterrupt, ResumeState, StopOnNonFiniteLoss
-from zoo.training.checkpoints import AtomicCheckpointIO, check_task, check_weights
+from zoo.data.samples import lost_worker
+from zoo.errors import CheckpointError, MachineFault, UsageError, storage_failure
+from zoo.training.banners import silence_banners
+from zoo.training.callbacks import CheckpointOnInterrupt, ResumeState, StopOnNonFiniteLoss, checkpoint_folder
+from zoo.training.checkpoints import (
+    AtomicCheckpointIO,
+    check_task,
+    check_weights,
+    last_good_checkpoint_note,
+    newest_intact_checkpoint,
+    storage_fault,
+)
+from zoo.training.distributed import lost_peer
 from zoo.training.loggers import log_hydra_config
 from zoo.training.precision import mixed_precision_plugin
 from zoo.weights import read_checkpoint
@@ -41,6 +56,7 @@ log = logging.getLogger("zoo")
 
 # Lightning 2.6 on torch 2.14 warns about its own pytree use on every run; it is not the user's to fix.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+silence_banners()  # Lightning's tips and "TPU available: False" lines (zoo/training/banners.py)
 
 
 @rank_zero_only
@@ -107,28 +123,55 @@ def checkpoint_dir(cfg: DictConfig) -> Path:
 
 def prepare_checkpoint(cfg: DictConfig, task: torch.nn.Module | None = None) -> str | None:
     """The checkpoint this run starts from, checked: `ckpt_path=last` and `auto_resume=true` pick this run
-    directory's last.ckpt; the file must load safely and belong to the configured model (and, given the
-    built task, fit its weights). Returns its path, or None for a fresh start."""
+    directory's last.ckpt (auto_resume falls back to the newest intact checkpoint of the run when last.ckpt is
+    truncated or corrupt, and says which it took); the file must load safely and belong to the configured model
+    (and, given the built task, fit its weights). Returns its path, or None for a fresh start."""
     requested = cfg.get("ckpt_path")
+    checkpoint = None
     if requested == "last" or (requested is None and cfg.get("auto_resume")):
-        last = checkpoint_dir(cfg) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
-        if last.is_file():
+        folder = checkpoint_dir(cfg)
+        last = folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+        if requested is None:  # auto_resume: whatever of this run can be continued
+            requested, checkpoint = resumable_checkpoint(folder, last)
+            if requested is None:
+                log.info(f"auto_resume: no checkpoint in {folder} yet, starting fresh")
+                return None
+        elif last.is_file():
             requested = str(last)
-        elif requested == "last":
+        else:
             raise CheckpointError(
                 f"ckpt_path=last but there is no {last}; continue a run with auto_resume=<its run directory> "
                 "or ckpt_path=<its checkpoints/last.ckpt>"
             )
-        else:
-            log.info(f"auto_resume: no checkpoint in {last.parent} yet, starting fresh")
-            return None
     if requested is None:
         return None
-    checkpoint = read_checkpoint(requested)
+    checkpoint = checkpoint or read_checkpoint(requested)
     check_task(checkpoint, cfg.model._target_, str(requested), cfg.get("task_name"))
     if task is not None:
         check_weights(checkpoint, task, str(requested))
     return str(requested)
+
+
+def resumable_checkpoint(folder: Path, last: Path) -> tuple[str | None, dict | None]:
+    """last.ckpt, or when it is unreadable (truncated, corrupt) the newest intact checkpoint in `folder`."""
+    if not last.is_file() and not any(folder.glob("*.ckpt")):
+        return None, None
+    try:
+        return str(last), read_checkpoint(last)
+    except CheckpointError as error:
+        found = newest_intact_checkpoint(folder, skip=last)
+        if found is None:
+            raise CheckpointError(
+                f"auto_resume: {error}; no other checkpoint in {folder} reads whole either: start a new run "
+                "(without auto_resume), or restore a copy of the run"
+            ) from None
+        path, checkpoint = found
+        reason = "missing" if not last.is_file() else "unreadable"
+        log.warning(
+            f"auto_resume: {last.name} is {reason}; resuming from the newest intact checkpoint of the run, "
+            f"{path} (step {checkpoint.get('global_step', '?')})"
+        )
+        return str(path), checkpoint
 
 
 TEST_CHECKPOINTS = ("best", "last")
@@ -142,18 +185,25 @@ def test_checkpoint(cfg: DictConfig) -> str:
 
 
 def train_and_test(cfg: DictConfig) -> dict[str, float]:
-    """Fit (if cfg.train), then test the best (or last) checkpoint (if cfg.test); returns all scalar metrics."""
+    """Fit (if cfg.train), then test the best (or last) checkpoint (if cfg.test); returns all scalar metrics.
+    The config is printed once everything is built and checked: a mistake is answered before ~150 lines of it."""
     test_checkpoint(cfg)  # a bad choice fails before training, not after
     datamodule, task, trainer = build(cfg)
     metrics: dict[str, float] = {}
     ckpt_path = prepare_checkpoint(cfg, task)
+    # The data is read now (Lightning's own setup call then finds it done): a bad file is answered before the
+    # config is printed and before any logger writes into the run directory.
+    datamodule.setup("fit" if cfg.get("train", True) else "test")
+    if cfg.get("print_config", True):
+        print_config_tree(cfg)
     if cfg.get("train", True):
         if ckpt_path:
             log.info(f"resuming from {ckpt_path}")
         try:
-            trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+            with survivable_faults(trainer):
+                trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         except SIGTERMException:
-            sys.exit(143)  # 128 + SIGTERM, as if the signal had ended the process (a checkpoint was saved)
+            sys.exit(interrupt_status(trainer))  # 128 + the signal, as if it had ended the process (after saving)
         except SystemExit:
             if not trainer.interrupted:
                 raise
@@ -161,11 +211,45 @@ def train_and_test(cfg: DictConfig) -> dict[str, float]:
         metrics.update(scalar_metrics(trainer.callback_metrics))
         ckpt_path = None  # test_ckpt=last: the weights training ended with
         checkpoint = trainer.checkpoint_callback
-        if test_checkpoint(cfg) == "best" and checkpoint is not None and checkpoint.best_model_path:
-            ckpt_path = checkpoint.best_model_path
+        if test_checkpoint(cfg) == "best" and checkpoint is not None:
+            if checkpoint.best_model_path:
+                ckpt_path = checkpoint.best_model_path
+            elif cfg.get("test", True):
+                log.warning(
+                    "test_ckpt=best: no best checkpoint was saved (no validation ran during training, e.g. "
+                    "trainer.max_steps below trainer.val_check_interval); testing the final weights instead"
+                )
     if cfg.get("test", True):
         if not cfg.get("train", True) and ckpt_path is None:
             raise ValueError("train=false needs ckpt_path=<checkpoint to evaluate>")
-        trainer.test(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        with survivable_faults(trainer):
+            trainer.test(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         metrics.update(scalar_metrics(trainer.callback_metrics))
     return metrics
+
+
+def interrupt_status(trainer: L.Trainer) -> int:
+    stopper = next((c for c in trainer.callbacks if isinstance(c, CheckpointOnInterrupt)), None)
+    return stopper.exit_status() if stopper is not None else 143
+
+
+@contextmanager
+def survivable_faults(trainer: L.Trainer) -> Iterator[None]:
+    """Faults of the machine during fit or test as one MachineFault line: another rank that died or timed out,
+    a data-loader worker that was killed, a disk that refused a write (each naming the last good checkpoint)."""
+    try:
+        yield
+    except MachineFault:
+        raise
+    except Exception as error:
+        folder = checkpoint_folder(trainer)
+        failure = storage_failure(error)
+        if failure is not None:
+            raise storage_fault(failure, failure.filename or folder or ".", folder) from error
+        peer = lost_peer(error, trainer.world_size, trainer.global_rank)
+        what = peer or lost_worker(error)
+        if what is None:
+            raise
+        if peer is not None and trainer.strategy.launcher is not None:
+            trainer.strategy.launcher.kill(signal.SIGKILL)  # ranks this process started: a hung one would stay
+        raise MachineFault(f"{what}; {last_good_checkpoint_note(folder)}") from error

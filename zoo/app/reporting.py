@@ -1,11 +1,14 @@
 """Bad input as one line: `error: <message>` on stderr and exit status 2 (no traceback unless
 HYDRA_FULL_ERROR=1); bugs keep their traceback. `user_error_message` turns the errors of Hydra, OmegaConf,
-Lightning and zoo (zoo.errors) into that line, naming the bad value and what would be valid.
+Lightning and zoo (zoo.errors) into that line, naming the bad value and what would be valid (the closest valid
+key for a typo). Faults of the machine (zoo.errors.MachineFault: a full or read-only disk, a process that
+died) are one line too, with exit status 3: once fixed, resuming continues the run.
 Kept free of torch and Lightning imports."""
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import inspect
 import os
 import re
@@ -15,19 +18,58 @@ from collections.abc import Iterator
 
 from omegaconf import OmegaConf
 
+from zoo.app.cli import discard_unstarted_run
 from zoo.app.overrides import compose_defaults, is_group, split_override
-from zoo.errors import USER_ERRORS, one_line
+from zoo.errors import USER_ERRORS, MachineFault, one_line, storage_failure, storage_message
 
 EXIT_BAD_INPUT = 2
+EXIT_FAULT = 3  # the machine failed the run (disk, a dead process): fix it and resume
+
+
+def exit_status(error: BaseException) -> int:
+    return EXIT_FAULT if isinstance(error, MachineFault) or storage_failure(error) is not None else EXIT_BAD_INPUT
 
 
 def unwrap(error: BaseException) -> BaseException:
-    """Hydra wraps errors raised inside `instantiate` (InstantiationException); the cause is what counts."""
+    """Hydra wraps errors raised inside `instantiate` (InstantiationException), OmegaConf those raised by a
+    resolver (`${image_classes:...}`); the cause is what counts."""
     from hydra.errors import InstantiationException
+    from omegaconf.errors import InterpolationResolutionError
 
-    while isinstance(error, InstantiationException) and error.__cause__ is not None:
+    while error.__cause__ is not None and (
+        isinstance(error, InstantiationException)
+        or (isinstance(error, InterpolationResolutionError) and isinstance(error.__cause__, user_error_types()))
+    ):
         error = error.__cause__
     return error
+
+
+def worker_error_text(text: str) -> str:
+    """An error a DataLoader worker re-raised in the main process carries the worker's whole traceback
+    ("Caught DataError in DataLoader worker process 0. Original Traceback ..."): its last line, the original
+    message, is what counts."""
+    if "in DataLoader worker process" not in text or "Original Traceback" not in text:
+        return text
+    last = [line for line in text.strip().splitlines() if line.strip()][-1]
+    return re.sub(r"^[\w.]+: ", "", last.strip())
+
+
+def closest(name: str, valid: list[str], what: str, limit: int = 80) -> str:
+    """`did you mean 'max_epochs'?` for a near miss (difflib; two names when both are as near), else the valid
+    names, cut to about `limit` characters: the whole message stays within about 200."""
+    near = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
+    if near:
+        score = lambda option: difflib.SequenceMatcher(None, name, option).ratio()
+        near = [option for option in near if score(option) >= score(near[0]) - 0.05]
+        return "did you mean " + " or ".join(repr(n) for n in near) + "?"
+    shown, length = [], 0
+    for option in valid:
+        if shown and length + len(option) > limit:
+            break
+        shown.append(option)
+        length += len(option) + 2
+    rest = f", ... ({len(valid)} in all)" if len(shown) < len(valid) else ""
+    return f"valid {what}: {', '.join(shown)}{rest}"
 
 
 def valid_keys(parent: str, args: list[str]) -> list[str] | None:
@@ -81,10 +123,10 @@ def override_type_message(args: list[str]) -> str | None:
 
 
 def unknown_key_message(key: str, args: list[str]) -> str:
-    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    parent, _, name = key.rpartition(".")
     keys = valid_keys(parent, args)
     where = f" in {parent}" if parent else ""
-    valid = f"; valid keys{where}: {', '.join(keys)}" if keys else ""
+    valid = f"; {closest(name, [k for k in keys if not k.startswith('_')], f'keys{where}')}" if keys else ""
     return f"unknown key {key!r}{valid} (add a new key with +{key}=...)"
 
 
@@ -100,8 +142,21 @@ def unexpected_argument_message(error: TypeError, target: str | None) -> str | N
 
             params = inspect.signature(get_object(target)).parameters
             named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-            valid = "; valid: " + ", ".join(n for n, p in params.items() if p.kind in named)
-    return f"unknown option {match.group(1)!r} for {target or 'this object'}{valid}"
+            valid = "; " + closest(match.group(1), [n for n, p in params.items() if p.kind in named], "options")
+    return f"unknown option {match.group(1)!r} for {short_target(target) or 'this object'}{valid}"
+
+
+def short_target(target: str | None) -> str | None:
+    """`lightning.pytorch.trainer.trainer.Trainer` -> `lightning.Trainer` where the package exports it."""
+    if target is None:
+        return None
+    parts = target.split(".")
+    with contextlib.suppress(Exception):
+        from hydra.utils import get_object
+
+        if get_object(f"{parts[0]}.{parts[-1]}") is get_object(target):
+            return f"{parts[0]}.{parts[-1]}"
+    return target
 
 
 def user_error_message(error: BaseException, args: list[str] | None = None) -> str | None:
@@ -119,6 +174,10 @@ def user_error_message(error: BaseException, args: list[str] | None = None) -> s
         found = re.search(r"target '([\w.]+)'", str(error))
         target = found.group(1) if found else None
     error = unwrap(error)
+    if isinstance(error, MachineFault):
+        return one_line(str(error))
+    if (failure := storage_failure(error)) is not None:
+        return storage_message(failure)
     if isinstance(error, MissingConfigException) and error.options is not None and error.missing_cfg_file:
         group, _, name = str(error.missing_cfg_file).rpartition("/")
         return f"unknown {group} {name!r}; valid choices: {', '.join(error.options)}"
@@ -143,8 +202,10 @@ def user_error_message(error: BaseException, args: list[str] | None = None) -> s
         return where + text + hint
     if isinstance(error, TypeError) and (message := unexpected_argument_message(error, target)):
         return message
+    if type(error) in (ValueError, TypeError) and args and (typed := override_type_message(args)):
+        return typed  # `seed=abc` fails deep in a library ("invalid literal for int()"): name the override
     if isinstance(error, user_error_types()):
-        return one_line(str(error)) or type(error).__name__
+        return one_line(worker_error_text(str(error))) or type(error).__name__
     if refused_by_lightning_setup(error):
         return f"Lightning refuses this combination of settings: {one_line(str(error))}"
     return override_type_message(args) if args else None
@@ -167,7 +228,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     types are looked up only if the library is loaded: an error it never raised needs no import."""
     import pickle
 
-    types: list[type[BaseException]] = [*USER_ERRORS, pickle.UnpicklingError]
+    types: list[type[BaseException]] = [*USER_ERRORS, MachineFault, pickle.UnpicklingError]
     if "lightning" in sys.modules:
         from lightning.fabric.utilities.exceptions import MisconfigurationException
 
@@ -177,6 +238,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
 
 # Set by reporting_errors (run.py) to the user's own HYDRA_FULL_ERROR choice; None when zoo runs without it.
 _traceback_wanted: bool | None = None
+USER_CHOICE = "ZOO_USER_HYDRA_FULL_ERROR"  # that choice, for the rank processes Lightning starts with our environment
 
 
 def full_error_requested() -> bool:
@@ -192,11 +254,14 @@ def reporting_errors(args: list[str] | None = None) -> Iterator[None]:
 
     Hydra prints its own errors (unknown keys, bad override syntax) over several lines; with
     HYDRA_FULL_ERROR set inside, they reach this handler instead. A user's HYDRA_FULL_ERROR=1 still shows
-    every traceback; bugs (errors that are not bad input) keep theirs either way.
+    every traceback; bugs (errors that are not bad input) keep theirs either way. The processes Lightning starts
+    for the other ranks inherit this environment: they read the user's own choice from USER_CHOICE.
     """
     global _traceback_wanted
     previous = os.environ.get("HYDRA_FULL_ERROR")
-    _traceback_wanted = previous == "1"
+    inherited = os.environ.get(USER_CHOICE)
+    _traceback_wanted = (inherited if inherited is not None else previous) == "1"
+    os.environ[USER_CHOICE] = "1" if _traceback_wanted else "0"
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         yield
@@ -207,11 +272,13 @@ def reporting_errors(args: list[str] | None = None) -> Iterator[None]:
         if message is None:
             traceback.print_exc()
             sys.exit(1)
+        discard_unstarted_run()  # the directory of a run that never started
         print(f"error: {message}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
+        sys.exit(exit_status(error))
     finally:
         _traceback_wanted = None
-        if previous is None:
-            os.environ.pop("HYDRA_FULL_ERROR", None)
-        else:
-            os.environ["HYDRA_FULL_ERROR"] = previous
+        for name, value in (("HYDRA_FULL_ERROR", previous), (USER_CHOICE, inherited)):
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -26,6 +26,7 @@ from torchvision.transforms import v2
 
 from zoo.data.images import ImageClassificationDataModule
 from zoo.data.preprocessing import ImagePreprocessing
+from zoo.data.samples import NamedSamples
 from zoo.data.tokenizers import BOS, EOS, PAD, batched, train_tokenizer
 from zoo.errors import DataError
 
@@ -114,6 +115,10 @@ class TemplateCaptionDataset(Dataset):
     def __len__(self) -> int:
         return len(self.images)
 
+    def sample_source(self, index: int) -> str | None:
+        source = getattr(self.images, "sample_source", None)
+        return source(index) if source is not None else None
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, str, int, int]:
         image, label = self.images[index]
         if self.random_template:
@@ -134,6 +139,9 @@ class CaptionFileDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def sample_source(self, index: int) -> str:
+        return str(self.rows[index][0])
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, str, int, int]:
         from torchvision.io import decode_image
@@ -224,11 +232,11 @@ class CaptionDataModule(L.LightningDataModule):
             "labels": torch.tensor(labels, dtype=torch.long),
         }
 
-    def _loader(self, dataset: Dataset, shuffle: bool, batch_size: int) -> DataLoader:
+    def _loader(self, dataset: Dataset, split: str, shuffle: bool, batch_size: int) -> DataLoader:
         if self.tokenizer is None:
             raise RuntimeError("call setup() before asking for a data loader (the tokenizer is trained there)")
         return DataLoader(
-            dataset,
+            NamedSamples(dataset, split, self.num_workers),  # a failing sample or a dead worker is named
             batch_size=batch_size,
             shuffle=shuffle,
             num_workers=self.num_workers,
@@ -239,13 +247,13 @@ class CaptionDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, True, self.batch_size)
+        return self._loader(self.train_set, "train", True, self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, False, self.eval_batch_size)
+        return self._loader(self.val_set, "val", False, self.eval_batch_size)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, False, self.eval_batch_size)
+        return self._loader(self.test_set, "test", False, self.eval_batch_size)
 
 
 class LabelledCaptionDataModule(CaptionDataModule):

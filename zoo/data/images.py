@@ -8,6 +8,7 @@ stratified `val_fraction` of the training split.
 from __future__ import annotations
 
 import gzip
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,22 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
 from zoo.data.preprocessing import ImagePreprocessing
-from zoo.errors import DataError
+from zoo.data.samples import NamedSamples
+from zoo.errors import DataError, one_line
 
 
 class TensorImageDataset(Dataset):
-    """uint8 images (N, C, H, W) and int64 labels (N,) with a per-sample transform."""
+    """uint8 images (N, C, H, W) and int64 labels (N,) with a per-sample transform; `sources` names the file
+    of each image (image folders), for messages about a sample."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Any = None) -> None:
+    def __init__(
+        self, images: torch.Tensor, labels: torch.Tensor, transform: Any = None, sources: Sequence[str] | None = None
+    ) -> None:
         self.images, self.labels, self.transform = images, labels, transform
+        self.sources = sources
+
+    def sample_source(self, index: int) -> str | None:
+        return self.sources[index] if self.sources is not None else None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -43,6 +52,8 @@ class ImageClassificationDataModule(L.LightningDataModule):
     uint8 (N, C, H, W) / int64 tensors, and set `classes`, `mean`, `std`."""
 
     classes: tuple[str, ...] = ()
+    # The file of every (train, test) image, in load() order; None when the images come from one archive.
+    sources: tuple[Sequence[str] | None, Sequence[str] | None] = (None, None)
     mean: tuple[float, ...] = (0.5,)
     std: tuple[float, ...] = (0.5,)
     default_augment: tuple = ()
@@ -101,6 +112,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
             return
         train_images, train_labels, test_images, test_labels = self.load()
         self._check_metadata(train_images, train_labels)
+        train_sources, test_sources = self.sources
         train_idx, val_idx = train_test_split(
             np.arange(len(train_labels)),
             test_size=self.val_fraction,
@@ -114,9 +126,14 @@ class ImageClassificationDataModule(L.LightningDataModule):
         to_float = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]
         train_tf = v2.Compose(resize + (self.augmentations() if self.augment else []) + to_float)
         eval_tf = v2.Compose(resize + to_float)
-        self.train_set = TensorImageDataset(train_images[train_idx], train_labels[train_idx], train_tf)
-        self.val_set = TensorImageDataset(train_images[val_idx], train_labels[val_idx], eval_tf)
-        self.test_set = TensorImageDataset(test_images, test_labels, eval_tf)
+        picked = lambda sources, idx: [sources[i] for i in idx.tolist()] if sources is not None else None
+        self.train_set = TensorImageDataset(
+            train_images[train_idx], train_labels[train_idx], train_tf, picked(train_sources, train_idx)
+        )
+        self.val_set = TensorImageDataset(
+            train_images[val_idx], train_labels[val_idx], eval_tf, picked(train_sources, val_idx)
+        )
+        self.test_set = TensorImageDataset(test_images, test_labels, eval_tf, test_sources)
 
     def preprocessing(self) -> ImagePreprocessing:
         """What the evaluation transform does (stored in checkpoints, so a trained model reads new images the same
@@ -159,9 +176,9 @@ class ImageClassificationDataModule(L.LightningDataModule):
         if self.num_classes is not None and found > self.num_classes:
             raise DataError(f"{name} has {found} classes, but data.num_classes={self.num_classes}")
 
-    def _loader(self, dataset: Dataset, shuffle: bool, batch_size: int) -> DataLoader:
+    def _loader(self, dataset: Dataset, split: str, shuffle: bool, batch_size: int) -> DataLoader:
         return DataLoader(
-            dataset,
+            NamedSamples(dataset, split, self.num_workers),  # a failing sample or a dead worker is named
             batch_size=batch_size,
             shuffle=shuffle,
             num_workers=self.num_workers,
@@ -170,13 +187,13 @@ class ImageClassificationDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, True, self.batch_size)
+        return self._loader(self.train_set, "train", True, self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, False, self.eval_batch_size)
+        return self._loader(self.val_set, "val", False, self.eval_batch_size)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, False, self.eval_batch_size)
+        return self._loader(self.test_set, "test", False, self.eval_batch_size)
 
 
 class DigitsDataModule(ImageClassificationDataModule):
@@ -332,9 +349,45 @@ class CIFAR10DataModule(ImageClassificationDataModule):
         return (*tensors(train), *tensors(test))
 
 
+def image_folder_classes(data_dir: str | Path) -> list[str]:
+    """The class names of an image folder (its train/ split's, for data_dir/{train,test}/<class>/...), sorted:
+    what data=image_folder infers data.num_classes from. One DataError for a missing or empty folder, or a class
+    folder without images."""
+    root = Path(data_dir).expanduser()
+    if not root.is_dir():
+        raise DataError(f"data.data_dir must be an existing folder of <class>/<image> files, got {str(data_dir)!r}")
+    folder = root / "train" if (root / "train").is_dir() and (root / "test").is_dir() else root
+    return scan_image_folder(folder)[0]
+
+
+def scan_image_folder(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
+    """(class names, [(image file, label)]) of <folder>/<class>/<image>: torchvision's ImageFolder layout and
+    extensions, classes sorted by name. An empty folder or a class without images is one DataError."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise DataError(
+            f"image folder {folder} has no class folders; expected {folder}/<class>/<image>, one sub-folder of "
+            "images per class"
+        )
+    samples = []
+    for label, name in enumerate(classes):
+        files = sorted(p for p in (folder / name).rglob("*") if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS)
+        if not files:
+            raise DataError(
+                f"class folder {folder / name} holds no images (extensions {', '.join(IMG_EXTENSIONS)}); add images "
+                "or remove the folder"
+            )
+        samples += [(file, label) for file in files]
+    return classes, samples
+
+
 class ImageFolderDataModule(ImageClassificationDataModule):
-    """Your own images: <data_dir>/<class>/<image> (torchvision ImageFolder). With train/ and test/
-    subfolders those are the splits; otherwise a seeded 20% of the images is the test split."""
+    """Your own images: <data_dir>/<class>/<image> (torchvision ImageFolder's layout). With train/ and test/
+    subfolders those are the splits; otherwise a seeded 20% of the images is the test split. The classes are
+    the folder names (data.num_classes counts them: conf/data/image_folder.yaml); every image is decoded
+    up front, so an unreadable file is named before training starts."""
 
     mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 
@@ -342,7 +395,6 @@ class ImageFolderDataModule(ImageClassificationDataModule):
         return [v2.RandomHorizontalFlip()]
 
     def load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        from torchvision.datasets import ImageFolder
         from torchvision.io import ImageReadMode, decode_image
 
         if not self.data_dir or not Path(self.data_dir).is_dir():
@@ -353,20 +405,47 @@ class ImageFolderDataModule(ImageClassificationDataModule):
         mode = ImageReadMode.RGB if (self.in_channels or 3) == 3 else ImageReadMode.GRAY
         resize = v2.Resize((self.image_size, self.image_size), antialias=True)
 
-        def read(folder: Path) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-            ds = ImageFolder(str(folder))
-            images = torch.stack([resize(decode_image(path, mode=mode)) for path, _ in ds.samples])
-            return images, torch.tensor(ds.targets), ds.classes
+        def decode(path: Path) -> torch.Tensor:
+            try:
+                return resize(decode_image(str(path), mode=mode))
+            except Exception as error:
+                raise DataError(
+                    f"cannot read image {path} ({type(error).__name__}: {one_line(error)}); fix or remove the file"
+                ) from None
+
+        def read(folder: Path) -> tuple[torch.Tensor, torch.Tensor, list[str], list[str]]:
+            classes, samples = scan_image_folder(folder)
+            images = torch.stack([decode(path) for path, _ in samples])
+            return images, torch.tensor([label for _, label in samples]), classes, [str(p) for p, _ in samples]
 
         if (root / "train").is_dir() and (root / "test").is_dir():
-            train_images, train_labels, classes = read(root / "train")
-            test_images, test_labels, _ = read(root / "test")
+            train_images, train_labels, classes, train_files = read(root / "train")
+            test_images, test_labels, test_classes, test_files = read(root / "test")
+            if test_classes != classes:
+                raise DataError(
+                    f"{root / 'test'} has classes {test_classes}, but {root / 'train'} has {classes}; give both "
+                    "splits the same class folders"
+                )
         else:
-            images, labels, classes = read(root)
+            images, labels, classes, files = read(root)
+            too_few = [name for label, name in enumerate(classes) if int((labels == label).sum()) < 2]
+            if too_few:
+                raise DataError(
+                    f"class folder {root / too_few[0]} holds 1 image; a split into train and test needs at least 2 "
+                    "per class"
+                )
             train_idx, test_idx = train_test_split(
                 np.arange(len(labels)), test_size=0.2, random_state=0, stratify=labels
             )
-            train_images, train_labels = images[np.sort(train_idx)], labels[np.sort(train_idx)]
-            test_images, test_labels = images[np.sort(test_idx)], labels[np.sort(test_idx)]
+            train_idx, test_idx = np.sort(train_idx), np.sort(test_idx)
+            train_images, train_labels = images[train_idx], labels[train_idx]
+            test_images, test_labels = images[test_idx], labels[test_idx]
+            train_files, test_files = [files[i] for i in train_idx], [files[i] for i in test_idx]
+        if self.num_classes is not None and self.num_classes != len(classes):
+            raise DataError(
+                f"data.num_classes={self.num_classes}, but {root} has {len(classes)} class folders {classes}; leave "
+                "data.num_classes at its default (counted from the folders)"
+            )
         self.classes = tuple(classes)
+        self.sources = (train_files, test_files)
         return train_images, train_labels, test_images, test_labels

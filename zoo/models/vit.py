@@ -232,8 +232,9 @@ def convert_torchvision_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[
     return converted
 
 
-def torchvision_architecture(state_dict: dict[str, torch.Tensor]) -> dict[str, int]:
-    """dim, depth, mlp_dim, patch_size, num_heads, in_channels and image_size read off torchvision weights."""
+def torchvision_architecture(state_dict: dict[str, torch.Tensor]) -> dict[str, int | None]:
+    """dim, depth, mlp_dim, patch_size, num_heads, in_channels and image_size read off torchvision weights.
+    num_heads is known only for torchvision's named widths (None otherwise: weights do not record it)."""
     dim, in_channels, patch_size, _ = state_dict["conv_proj.weight"].shape
     depth = len({key.split(".")[2] for key in state_dict if key.startswith("encoder.layers.")})
     grid = round((state_dict["encoder.pos_embedding"].shape[1] - 1) ** 0.5)
@@ -242,10 +243,26 @@ def torchvision_architecture(state_dict: dict[str, torch.Tensor]) -> dict[str, i
         "depth": depth,
         "mlp_dim": state_dict["encoder.layers.encoder_layer_0.mlp.0.weight"].shape[0],
         "patch_size": patch_size,
-        "num_heads": _TORCHVISION_HEADS.get(dim, max(1, dim // 64)),
+        "num_heads": _TORCHVISION_HEADS.get(dim),
         "in_channels": in_channels,
         "image_size": grid * patch_size,
     }
+
+
+def adapt_patch_embedding(state_dict: dict[str, torch.Tensor], in_channels: int) -> tuple[dict, list[str]]:
+    """RGB patch-embedding weights for grayscale images: summed over the colour channels (as timm's
+    adapt_input_conv), so a gray image gives what the RGB network gives for that image in all three channels.
+    Other channel changes are refused."""
+    weight = state_dict["conv_proj.weight"]  # (dim, C, patch, patch)
+    if weight.shape[1] == in_channels:
+        return state_dict, []
+    if in_channels != 1:
+        raise ValueError(
+            f"model.pretrained has {weight.shape[1]}-channel patch weights, but the data has {in_channels} "
+            "channels (data.in_channels); valid: data of the same channels, or 1 (the colour weights are summed)"
+        )
+    adapted = {**state_dict, "conv_proj.weight": weight.sum(dim=1, keepdim=True)}
+    return adapted, [f"summed the {weight.shape[1]}-channel patch-embedding weights for 1-channel images"]
 
 
 def load_reference_weights(model: ViT, state_dict: dict[str, torch.Tensor]) -> list[str]:
@@ -316,13 +333,29 @@ ViT.from_torchvision = staticmethod(vit_from_torchvision)
 def vit_from_pretrained(path: str, config: ViTConfig) -> tuple[ViT, list[str]]:
     """Build a ViT for `config` from a torchvision state dict or a zoo checkpoint at `path`.
 
-    torchvision weights define the trunk (dim, depth, heads, MLP, patch size); `config` keeps the
-    image size, classes, pooling, attention and regularisation of the new task."""
+    torchvision weights define the trunk (dim, depth, MLP, patch size; the head count of torchvision's named
+    widths, else `config.num_heads`); `config` keeps the image size, channels (RGB weights are summed for
+    grayscale data), classes, pooling, attention and regularisation of the new task."""
     state_dict = read_weights(path, "model.pretrained")
     notes = []
     if "conv_proj.weight" in state_dict:
         arch = torchvision_architecture(state_dict)
         arch.pop("image_size")
+        state_dict, adapted = adapt_patch_embedding(state_dict, config.in_channels)
+        notes += adapted
+        arch["in_channels"] = config.in_channels
+        if arch["num_heads"] is None:  # not one of torchvision's sizes: the head count is the config's
+            if arch["dim"] % config.num_heads:
+                raise ValueError(
+                    f"model.pretrained has width {arch['dim']}, not one of torchvision's named sizes, so its head "
+                    f"count is unknown, and model.net.num_heads={config.num_heads} does not divide it; set "
+                    "model.net.num_heads to the head count the weights were trained with"
+                )
+            arch["num_heads"] = config.num_heads
+            notes.append(
+                f"width {arch['dim']} is not a torchvision size: num_heads={config.num_heads} from model.net.num_heads "
+                "(it must be the head count the weights were trained with)"
+            )
         changed = {k: v for k, v in arch.items() if getattr(config, k) != v}
         if changed:
             notes.append(f"architecture from the pretrained weights: {changed}")

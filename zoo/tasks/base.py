@@ -7,10 +7,12 @@ from typing import Any, ClassVar
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import FSDPStrategy
 
 from zoo.data.tokenizers import tokenizer_from_string, tokenizer_to_string
 from zoo.errors import CheckpointError
 from zoo.tasks.optim import build_optimizer, lr_multiplier
+from zoo.training.checkpoints import check_weights
 from zoo.weights import checkpoint_identity, identity
 
 
@@ -64,8 +66,6 @@ class ZooTask(L.LightningModule):
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
     ) -> None:
-        from lightning.pytorch.strategies import FSDPStrategy
-
         if gradient_clip_val and isinstance(self.trainer.strategy, FSDPStrategy) and gradient_clip_algorithm != "value":
             # Parameters are sharded: only the root FSDP module knows the global norm (FSDP.clip_grad_norm_).
             self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
@@ -93,6 +93,10 @@ class ZooTask(L.LightningModule):
             )
         if "tokenizer" in checkpoint:
             self.restore_tokenizer(tokenizer_from_string(checkpoint["tokenizer"]))
+        if self._trainer is not None and not isinstance(self.trainer.strategy, FSDPStrategy):  # FSDP: sharded
+            # Before Lightning loads the weights: a checkpoint of another shape is one line, also for networks
+            # built in setup() from the data (GPT), which the check before fit could not see yet.
+            check_weights(checkpoint, self, str(self.trainer.ckpt_path))
 
     def restore_tokenizer(self, tokenizer: Any) -> None:
         """Take a checkpoint's tokenizer and hand it to a datamodule that encodes text (`use_tokenizer`), so

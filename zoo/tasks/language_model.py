@@ -60,7 +60,7 @@ class LanguageModelTask(ZooTask):
         tokenizer = getattr(datamodule, "tokenizer", None)
         if tokenizer is None:
             return
-        self._adopt_tokenizer(tokenizer, source="the data")
+        self._adopt_tokenizer(tokenizer, source="data")
         vocab_size = tokenizer.get_vocab_size()
         if self.net is None:
             self.hparams.net = {**self.hparams.net, "vocab_size": vocab_size}
@@ -78,16 +78,18 @@ class LanguageModelTask(ZooTask):
             )
 
     def _adopt_tokenizer(self, tokenizer: Tokenizer, source: str) -> None:
-        """Take `tokenizer`, unless the model already has a different one (a checkpoint/data mismatch)."""
+        """Take `tokenizer` (from `source`: "data" or "checkpoint"), unless the model already has a different
+        one from the other side: a checkpoint/data mismatch."""
         if self.tokenizer is not None and tokenizer_to_string(tokenizer) != tokenizer_to_string(self.tokenizer):
+            trained, data = (tokenizer, self.tokenizer) if source == "checkpoint" else (self.tokenizer, tokenizer)
             raise ValueError(
-                f"tokenizer mismatch: the checkpoint was trained with a {describe(self.tokenizer)} tokenizer, "
-                f"{source} has a {describe(tokenizer)} one; use the data and data.tokenizer of the training run"
+                f"tokenizer mismatch: the checkpoint was trained with a {describe(trained)} tokenizer, the data has "
+                f"a {describe(data)} one; use the data and data.tokenizer of the training run"
             )
         self.tokenizer = tokenizer
 
     def restore_tokenizer(self, tokenizer: Tokenizer) -> None:
-        self._adopt_tokenizer(tokenizer, source="the data")
+        self._adopt_tokenizer(tokenizer, source="checkpoint")
 
     # -- training and evaluation ----------------------------------------------------------------------
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

@@ -4,15 +4,18 @@ zoo.training.checkpoints.AtomicCheckpointIO, which writes checkpoints atomically
 - ResumeState: the random-number generators (python, numpy, torch, CUDA) travel in each checkpoint, so a
   resumed run draws the same data order, augmentations and dropout masks as an uninterrupted one.
 - StopOnNonFiniteLoss: a NaN/Inf loss stops training before the update, naming the step.
-- CheckpointOnInterrupt: SIGTERM (preemption, `kill`) or Ctrl-C saves `last.ckpt` at the next batch
-  boundary, then exits.
+- CheckpointOnInterrupt: SIGTERM (preemption, `kill`), SIGUSR1 (SLURM's time-limit warning; under SLURM the
+  job is also requeued) or Ctrl-C saves `last.ckpt` at the next batch boundary, then exits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import random
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from zoo.errors import NonFiniteLossError
+from zoo.training.checkpoints import last_good_checkpoint_note
 from zoo.weights import identity
 
 log = logging.getLogger("zoo")
@@ -89,12 +93,10 @@ class ResumeState(Callback):
 
 
 # ---------------------------------------------------------------------------------------------------------
-def last_checkpoint_note(trainer: L.Trainer) -> str:
-    saved = [getattr(c, "last_model_path", "") or c.best_model_path for c in trainer.checkpoint_callbacks]
-    saved = [p for p in saved if p and Path(p).is_file()]
-    if saved:
-        return f"the last good checkpoint is kept: {max(saved, key=lambda p: Path(p).stat().st_mtime)}"
-    return "no checkpoint had been written yet"
+def checkpoint_folder(trainer: L.Trainer) -> Path | None:
+    """Where the run's ModelCheckpoint writes (None without one)."""
+    dirpath = getattr(trainer.checkpoint_callback, "dirpath", None)
+    return Path(dirpath) if dirpath else None
 
 
 class StopOnNonFiniteLoss(Callback):
@@ -108,70 +110,130 @@ class StopOnNonFiniteLoss(Callback):
         batch = trainer.fit_loop.epoch_loop.batch_idx + 1
         raise NonFiniteLossError(
             f"training loss is {value} at step {trainer.global_step} (epoch {trainer.current_epoch}, batch {batch}); "
-            f"training stopped before that update, {last_checkpoint_note(trainer)}; "
+            f"training stopped before that update, {last_good_checkpoint_note(checkpoint_folder(trainer))}; "
             "try a lower model.optimizer.lr, trainer.gradient_clip_val=1.0 or trainer.precision=32-true"
         )
 
 
 class CheckpointOnInterrupt(Callback):
-    """SIGTERM or Ctrl-C during fit: finish the current batch, save `last.ckpt` next to ModelCheckpoint's
-    files, print how to resume, exit. A second Ctrl-C quits at once without saving.
+    """SIGTERM, the requeue signal or Ctrl-C during fit: finish the current batch, save `last.ckpt` next to
+    ModelCheckpoint's files, print how to resume, exit. A second Ctrl-C quits at once without saving.
 
-    Lightning already turns SIGTERM into SIGTERMException at a batch boundary; Ctrl-C is made to behave
-    the same (a KeyboardInterrupt raised in the middle of an optimiser step would save half an update).
+    SIGTERM is what a scheduler sends to preempt; the requeue signal (SIGUSR1, or the `requeue_signal` of
+    Lightning's SLURMEnvironment plugin) is SLURM's warning before the time limit (`sbatch --signal=USR1@90`).
+    Under SLURM with the plugin's `auto_requeue` (its default), the requeue signal also requeues the job
+    (`scontrol requeue`, from rank 0 only); started again with `auto_resume=true` in the same run directory, it
+    continues from that checkpoint. Lightning turns SIGTERM into SIGTERMException at a batch boundary (agreed
+    by all ranks); the requeue signal goes the same way, and Ctrl-C too (a KeyboardInterrupt raised in the
+    middle of an optimiser step would save half an update).
     """
 
     def __init__(self) -> None:
         self.interrupted = False
         self.saved_path: str | None = None
-        self._previous_handler: Any = None
+        self.signum: int | None = None  # the signal that stopped training (None: none, or Ctrl-C)
+        self.requeued: str | None = None  # the SLURM job id requeued
+        self._previous_handlers: dict[int, Any] = {}
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Not on_fit_start: Lightning records the handlers after that hook and puts them back at teardown.
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            try:
-                self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
-            except ValueError:  # not the main thread: keep Python's default
-                self._previous_handler = None
+            self._install(signal.SIGINT, self._on_sigint)
+        self._install(requeue_signal(trainer), lambda signum, frame: self._on_requeue_signal(trainer, signum))
+
+    def _install(self, signum: int, handler: Any) -> None:
+        with contextlib.suppress(ValueError):  # not the main thread: keep what is there
+            self._previous_handlers[signum] = signal.signal(signum, handler)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         self.interrupted = True
-        self._restore_sigint()  # the next Ctrl-C raises KeyboardInterrupt immediately
+        self._restore(signal.SIGINT)  # the next Ctrl-C raises KeyboardInterrupt immediately
         print("\nCtrl-C: saving a checkpoint after this batch (press Ctrl-C again to quit now)", file=sys.stderr)
 
-    def _restore_sigint(self) -> None:
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGINT, self._previous_handler)
-            self._previous_handler = None
+    def _on_requeue_signal(self, trainer: L.Trainer, signum: int) -> None:
+        # Lightning's own flag: it stops every rank at the same batch boundary, as for SIGTERM. (Lightning's
+        # SLURM handler, replaced here, would save a checkpoint from inside the signal handler, mid-step.)
+        self.signum = signum
+        trainer._signal_connector.received_sigterm = True
+
+    def _restore(self, *signums: int) -> None:
+        for signum in signums or list(self._previous_handlers):
+            if signum in self._previous_handlers:
+                signal.signal(signum, self._previous_handlers.pop(signum))
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if self.interrupted:
             raise KeyboardInterrupt
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore_sigint()
+        self._restore()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._restore_sigint()
+        self._restore()
         clean_stop = isinstance(exception, SIGTERMException) or (
             isinstance(exception, KeyboardInterrupt) and self.interrupted
         )
         if not clean_stop or trainer.state.fn != "fit" or trainer.sanity_checking:
             return
+        if isinstance(exception, SIGTERMException) and self.signum is None:
+            self.signum = signal.SIGTERM
         checkpoint = trainer.checkpoint_callback
         if not isinstance(checkpoint, ModelCheckpoint) or checkpoint.dirpath is None:
             print(f"interrupted ({type(exception).__name__}): no ModelCheckpoint, nothing saved", file=sys.stderr)
             return
         path = Path(checkpoint.dirpath) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the whole training state (weights_only=None logs a note)
         self.saved_path = str(path)
-        reason = "SIGTERM" if isinstance(exception, SIGTERMException) else "Ctrl-C"
-        report_interrupt(reason, trainer.global_step, path)
+        reason = signal.Signals(self.signum).name if self.signum is not None else "Ctrl-C"
+        note = f"resume with: python run.py ckpt_path={path}"
+        if self.signum is not None and self.signum == requeue_signal(trainer):
+            self.requeued = requeue_slurm_job(trainer)
+            note = (
+                f"requeued SLURM job {self.requeued}: started again with auto_resume=true in this run directory, "
+                "it continues from there"
+                if self.requeued
+                else f"not requeued (not under SLURM with auto_requeue); {note}"
+            )
+        report_interrupt(reason, trainer.global_step, path, note)
+
+    def exit_status(self) -> int:
+        """128 + the signal that stopped training, as shells report a process ended by it (130 for Ctrl-C)."""
+        return 128 + (self.signum or signal.SIGINT)
+
+
+def slurm_environment(trainer: L.Trainer) -> Any:
+    """Lightning's SLURMEnvironment plugin of this trainer, or None when not running under SLURM."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    environment = trainer._accelerator_connector.cluster_environment  # what Lightning's signal connector reads
+    return environment if isinstance(environment, SLURMEnvironment) else None
+
+
+def requeue_signal(trainer: L.Trainer) -> int:
+    environment = slurm_environment(trainer)
+    return (environment.requeue_signal if environment is not None else None) or signal.SIGUSR1
+
+
+def requeue_slurm_job(trainer: L.Trainer) -> str | None:
+    """`scontrol requeue <job>` from rank 0 under SLURM with auto_requeue; the job id, or None if not requeued."""
+    environment = slurm_environment(trainer)
+    if environment is None or not environment.auto_requeue:
+        return None
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID")
+    if not job or not trainer.is_global_zero:
+        return None
+    try:
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        log.warning(f"scontrol requeue {job} failed: {error}")
+        return None
+    if result.returncode != 0:
+        log.warning(f"scontrol requeue {job} failed ({result.returncode}): {result.stderr.strip()}")
+        return None
+    return job
 
 
 @rank_zero_only
-def report_interrupt(reason: str, step: int, path: Path) -> None:
-    print(
-        f"interrupted by {reason} at step {step}: saved {path}; resume with: python run.py ckpt_path={path}",
-        file=sys.stderr,
-    )
+def report_interrupt(reason: str, step: int, path: Path, note: str) -> None:
+    print(f"interrupted by {reason} at step {step}: saved {path}; {note}", file=sys.stderr)

@@ -1,9 +1,12 @@
 """Checkpoint files as zoo writes and checks them: atomic writes (a crash while saving leaves the previous
-file whole), every read through zoo.weights (weights_only), and one clear line when a checkpoint belongs to
-another model family (`check_task`) or another configuration of the same one (`check_weights`)."""
+file whole; a full or read-only disk is one MachineFault naming the folder, its free space and the last good
+checkpoint), every read through zoo.weights (weights_only), the newest intact checkpoint of a run, and one
+clear line when a checkpoint belongs to another model family (`check_task`) or another configuration of the
+same one (`check_weights`)."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from pathlib import Path
@@ -12,7 +15,7 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from zoo.errors import CheckpointError
+from zoo.errors import CheckpointError, MachineFault, storage_failure, storage_message
 from zoo.weights import checkpoint_identity, read_checkpoint
 
 
@@ -24,24 +27,56 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or "://" in str(path):  # remote filesystems: Lightning's own writer
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed mid-save
-            stale.unlink(missing_ok=True)
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed mid-save
+                stale.unlink(missing_ok=True)
             with open(temporary, "wb") as handle:
                 torch.save(checkpoint, handle)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temporary, path)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
+        except BaseException as error:
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
+            failure = storage_failure(error)
+            if failure is not None:
+                raise storage_fault(failure, path, path.parent) from error
             raise
         fsync_directory(path.parent)
 
     def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
         # Lightning's resume reads through here too: zoo's reader, always weights_only.
         return read_checkpoint(path, map_location=map_location or "cpu")
+
+
+def newest_intact_checkpoint(folder: Path, skip: Path | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """The most recently written checkpoint in `folder` (other than `skip`) that reads whole, with its contents;
+    None if there is none. Temporaries of interrupted saves (`.<name>.<pid>.tmp`) are never candidates."""
+    if not folder.is_dir():
+        return None
+    candidates = [p for p in folder.glob("*.ckpt") if p.is_file() and p != skip]
+    for candidate in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            return candidate, read_checkpoint(candidate)
+        except CheckpointError:
+            continue
+    return None
+
+
+def last_good_checkpoint_note(folder: Path | None) -> str:
+    found = newest_intact_checkpoint(folder) if folder is not None else None
+    if found is None:
+        return "no checkpoint had been written yet"
+    path, checkpoint = found
+    return f"the last good checkpoint is kept: {path} (step {checkpoint.get('global_step', '?')})"
+
+
+def storage_fault(failure: OSError, target: str | Path, checkpoints: Path | None) -> MachineFault:
+    """A write refused by the disk as one line: the file, why, the free space where it went, and the newest
+    checkpoint in `checkpoints` that is still whole."""
+    return MachineFault(f"{storage_message(failure, target)}; {last_good_checkpoint_note(checkpoints)}")
 
 
 def fsync_directory(folder: Path) -> None:

@@ -1,4 +1,5 @@
-"""Running one job as many processes: FSDP set up from YAML, and a check that replicas stay identical.
+"""Running one job as many processes: FSDP set up from YAML, a check that replicas stay identical, and one
+line for a run whose other processes died or stopped answering.
 
 Lightning does the distributed work (conf/trainer/ddp*.yaml, fsdp.yaml, multinode.yaml); zoo/app/launch.py
 makes the processes of a torchrun/srun launch share one run directory.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,33 @@ def fsdp_strategy(
     policy = {get_class(path) for path in wrap} if wrap else None
     checkpointing = {get_class(path) for path in activation_checkpointing} if activation_checkpointing else None
     return FSDPStrategy(auto_wrap_policy=policy, activation_checkpointing_policy=checkpointing, **kwargs)
+
+
+# -- a rank that died -------------------------------------------------------------------------------
+# What gloo and NCCL say when the process at the other end of a collective is gone or silent. A collective
+# waits at most the strategy's `timeout` (conf/trainer/ddp*.yaml: trainer.strategy.timeout), so a rank that
+# hangs instead of dying is caught too.
+PEER_LOST = re.compile(
+    r"Connection (?:reset|closed) by peer|Broken pipe|Timed out|timed out|timeout|NCCL (?:error|communicator)|"
+    r"ProcessGroup\w* .*(?:aborted|terminated)|DistBackendError",
+    re.IGNORECASE,
+)
+
+
+def lost_peer(error: BaseException, world_size: int, rank: int) -> str | None:
+    """One line for a collective that failed because another process of the run died or timed out (as seen
+    by process `rank`); None for anything else (or a run of one process)."""
+    if world_size <= 1 or not isinstance(error, RuntimeError):
+        return None
+    backend_error = getattr(torch.distributed, "DistError", ())
+    text = str(error)
+    if not (isinstance(error, backend_error) or PEER_LOST.search(text)):
+        return None
+    said = PEER_LOST.search(text)
+    return (
+        f"another process of this {world_size}-process run died or stopped answering (rank {rank} saw: "
+        f"{said.group(0) if said else type(error).__name__}); the run stops"
+    )
 
 
 # -- replica check ----------------------------------------------------------------------------------

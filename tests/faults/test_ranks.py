@@ -1,0 +1,70 @@
+"""DDP (trainer=ddp_cpu, 2 processes) with one rank killed or hung mid-epoch: the surviving rank stops within a
+bounded time (a dead peer is seen at once; a silent one after trainer.strategy.timeout), in one line naming the
+last good checkpoint, which stays; auto_resume continues to exactly the metrics of an uninterrupted run."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import hydra
+import pytest
+
+from tests.faults.conftest import TINY_VIT, assert_same_metrics, fault, metrics_of, only_run_dir, run
+from tests.helpers import compose_config
+from zoo.weights import read_checkpoint
+
+DDP = [*TINY_VIT, "trainer=ddp_cpu", "trainer.max_epochs=2", "logger=csv"]
+
+
+@pytest.mark.parametrize("trainer", ["ddp_cpu", "ddp", "multinode"])
+def test_the_collective_timeout_is_the_configs(trainer: str, tmp_path: Path) -> None:
+    cfg = compose_config([f"trainer={trainer}", "trainer.strategy.timeout.seconds=7"], tmp_path)
+    strategy = hydra.utils.instantiate(cfg.trainer.strategy)
+    assert strategy._timeout == timedelta(seconds=7)  # what Lightning hands to init_process_group
+    assert compose_config([f"trainer={trainer}"], tmp_path).trainer.strategy.timeout.seconds == 1800
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, float]:
+    log_dir = tmp_path_factory.mktemp("ddp_reference")
+    code, _, err, _ = run([*DDP, f"paths.log_dir={log_dir}"])
+    assert code == 0, err[-3000:]
+    return metrics_of(only_run_dir(log_dir))
+
+
+@pytest.mark.slow
+def test_rank_zero_killed_mid_epoch_the_survivor_stops_and_auto_resume_matches(ddp_reference, tmp_path) -> None:
+    # Rank 0 starts rank 1 (Lightning re-runs the command); killed, it leaves rank 1 alone in a collective.
+    killed = fault("KillAtStep", tmp_path / "fired", step=7, rank=0)
+    code, _, err, _ = run([*DDP, f"paths.log_dir={tmp_path}", *killed], timeout=300)
+    after_the_kill = time.time() - (tmp_path / "fired").stat().st_mtime  # the marker is written just before
+    assert code == -9, err[-3000:]  # rank 0; run() returns once rank 1, which shares its pipes, has ended too
+    run_dir = only_run_dir(tmp_path)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    survivor = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(survivor) == 1 and "Traceback" not in err, err[-3000:]
+    assert "another process of this 2-process run died or stopped answering (rank 1 saw: " in survivor[0]
+    assert f"the last good checkpoint is kept: {last} (step 5)" in survivor[0]
+    assert after_the_kill < 60, after_the_kill  # the closed connection is seen at once; no timeout is waited for
+    assert read_checkpoint(last)["global_step"] == 5
+
+    code, _, err, _ = run([f"auto_resume={run_dir}"], timeout=300)
+    assert code == 0, err[-3000:]
+    assert_same_metrics(metrics_of(run_dir), ddp_reference)
+
+
+@pytest.mark.slow
+def test_a_hung_rank_ends_the_run_after_the_configured_timeout(tmp_path) -> None:
+    # Rank 1 stops (SIGSTOP) without closing its connections: only the collective timeout can end rank 0's wait.
+    # The timeout also bounds the start-up rendezvous, so it must cover starting rank 1 on a loaded machine.
+    hung = fault("KillAtStep", tmp_path / "fired", step=7, rank=1, signum="SIGSTOP")
+    code, _, err, _ = run([*DDP, "trainer.strategy.timeout.seconds=30", f"paths.log_dir={tmp_path}", *hung])
+    after_the_stop = time.time() - (tmp_path / "fired").stat().st_mtime
+    assert code == 3, err[-3000:]  # and run() returned: the stopped rank was killed by rank 0, which started it
+    line = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(line) == 1 and "(rank 0 saw: Timed out)" in line[0], err[-3000:]
+    last = only_run_dir(tmp_path) / "checkpoints" / "last.ckpt"
+    assert f"the last good checkpoint is kept: {last} (step 5)" in line[0]
+    assert 30 <= after_the_stop < 150, after_the_stop  # the configured 30 s, not torch's default 30 minutes
