@@ -42,8 +42,8 @@ from zoo.training.pruning import OptunaPruning
 log = logging.getLogger("zoo")
 
 RESULTS_FILE = "optimization_results.yaml"
-# Set for each job (hydra.job.env_set), inherited by the DDP ranks it starts: where its trial is.
-TRIAL_ENV = {"storage": "ZOO_OPTUNA_STORAGE", "study": "ZOO_OPTUNA_STUDY", "trial_id": "ZOO_OPTUNA_TRIAL_ID"}
+# Set for each job (hydra.job.env_set), inherited by the DDP ranks it starts: the id of its trial in the study.
+TRIAL_ENV = "ZOO_OPTUNA_TRIAL_ID"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
@@ -160,7 +160,7 @@ class OptunaSweeper:
             resumed = {trial.number for trial in batch if trial.user_attrs.get("job_dir")}
             for trial in batch:
                 self.claim(trial)
-            overrides = [self.job_overrides(space, study, trial, trial.number in resumed) for trial in batch]
+            overrides = [self.job_overrides(space, trial, trial.number in resumed) for trial in batch]
             numbers = [trial.number for trial in batch]
             consecutive = numbers == list(range(numbers[0], numbers[0] + len(numbers)))
             returns = self.launcher.launch(overrides, initial_job_idx=numbers[0] if consecutive else self.job_idx)
@@ -197,18 +197,17 @@ class OptunaSweeper:
     def claim(self, trial: optuna.Trial) -> None:
         trial.set_user_attr("sweeper", {"host": socket.gethostname(), "pid": os.getpid()})
 
-    def job_overrides(self, space: SearchSpace, study: optuna.Study, trial: optuna.Trial, resumed: bool) -> list[str]:
-        """The trial's overrides, its job directory `<sweep dir>/<trial number>`, and where its job finds it."""
+    def job_overrides(self, space: SearchSpace, trial: optuna.Trial, resumed: bool) -> list[str]:
+        """The trial's overrides, its job directory `<sweep dir>/<trial number>`, and its trial's id for the job
+        (which finds the study where this sweeper does: hydra.sweeper.storage and study_name)."""
         job_dir = self.sweep_dir / str(trial.number)
         again = resumed and Path(trial.user_attrs["job_dir"]) == job_dir.resolve()
         trial.set_user_attr("job_dir", str(job_dir.resolve()))
-        where = {"storage": study_storage(self.storage, self.sweep_dir), "study": study.study_name}
-        where["trial_id"] = str(trial._trial_id)
         return [
             *space.overrides(trial.params),
             *(["auto_resume=true"] if again else []),  # continue from the job directory's last.ckpt
             f"hydra.sweep.subdir={trial.number}",
-            *(f"+hydra.job.env_set.{TRIAL_ENV[key]}={quoted(value)}" for key, value in where.items()),
+            f"+hydra.job.env_set.{TRIAL_ENV}={trial._trial_id}",
         ]
 
     def tell(self, study: optuna.Study, trial: optuna.Trial, ret: JobReturn) -> str | None:
@@ -241,28 +240,22 @@ class OptunaSweeper:
         log.info(f"Best trial {best.number}: {best.value} with {best.params}")
 
 
-def quoted(text: str) -> str:
-    """`text` as a quoted Hydra override value (any character allowed)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 # -- inside a trial's job -------------------------------------------------------------------------
 def trial_callbacks(cfg: DictConfig) -> list[L.Callback]:
     """Inside an Optuna trial: the callback that reports cfg.optimized_metric to the trial after every validation
     and stops the run when the sweep's pruner says so. Outside one (no trial in the environment): none."""
-    if not os.environ.get(TRIAL_ENV["trial_id"]) or not cfg.get("optimized_metric"):
+    if not os.environ.get(TRIAL_ENV) or not cfg.get("optimized_metric"):
         return []
     return [OptunaPruning(monitor=str(cfg.optimized_metric), open_trial=current_trial)]
 
 
 def current_trial() -> optuna.Trial:
-    """The trial this job runs (from the environment its sweeper set), with the sweep's pruner."""
-    pruner = None
-    if HydraConfig.initialized():
-        pruner = OmegaConf.select(HydraConfig.get(), "sweeper.pruner", default=None)
+    """The trial this job runs (its id from the environment the sweeper set), in the sweep's study, with the
+    sweep's pruner (the job's own Hydra config holds the sweeper's settings)."""
+    hydra = HydraConfig.get()
     study = optuna.load_study(
-        study_name=os.environ[TRIAL_ENV["study"]],
-        storage=open_storage(os.environ[TRIAL_ENV["storage"]]),
-        pruner=make_pruner(pruner),
+        study_name=str(hydra.sweeper.study_name),
+        storage=open_storage(study_storage(hydra.sweeper.get("storage"), hydra.sweep.dir)),
+        pruner=make_pruner(hydra.sweeper.get("pruner")),
     )
-    return optuna.Trial(study, int(os.environ[TRIAL_ENV["trial_id"]]))
+    return optuna.Trial(study, int(os.environ[TRIAL_ENV]))
