@@ -40,9 +40,7 @@ HARDWARE = {
 
 # Commands known to fail, with the issue that fixes them (strict: the test fails once they work, so the
 # entry is removed then).
-KNOWN_BROKEN = {
-    "hydra.sweeper.storage=sqlite": "#20: hydra-optuna-sweeper 1.3 pins optuna<3, which fails on SQLAlchemy 2",
-}
+KNOWN_BROKEN: dict[str, str] = {}
 
 
 @dataclass

@@ -1,17 +1,23 @@
 """logger=wandb: offline without an API key (no network), run name/group from the config, and an offline run
-directory that holds the metrics, learning rate, gradient norms, config and media the run logged."""
+directory that holds the metrics, learning rate, gradient norms, config and media the run logged; a dashboard that
+needs no clicking (metric summaries and step axes, config sections, names, tags, group, checkpoint artifacts, a
+summary run per sweep); and W&B Sweeps that run zoo through the agent's command line."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.helpers import compose_config, run_cli
+from tests.helpers import ROOT, compose_config, run_cli, run_in_process
 from zoo.training.loggers import wandb_api_key_available, wandb_logger, wandb_mode
 
 NO_KEY = {"WANDB_API_KEY": "", "WANDB_MODE": "", "NETRC": "/nonexistent/netrc"}
@@ -58,7 +64,7 @@ def test_logger_goes_offline_without_a_key_and_names_the_run_after_its_directory
     with caplog.at_level(logging.INFO):
         logger = wandb_logger(save_dir=str(run_dir), project="zoo", group="vit", tags=["a"], log_model=True)
     assert logger._offline is True
-    assert logger._log_model is False  # artifacts need the network: dropped with a warning
+    assert logger.checkpoint_artifacts is True  # best and last checkpoints as artifacts, uploaded by wandb sync
     assert logger._wandb_init["name"] == "2026-01-02_03-04-05"
     assert logger._wandb_init["group"] == "vit"
     assert logger._wandb_init["tags"] == ["a"]
@@ -69,6 +75,10 @@ def test_wandb_config_composes_from_the_run_config(tmp_path: Path) -> None:
     cfg = compose_config(["model=vit", "logger=wandb", "tags=[baseline]"], tmp_path)
     assert cfg.logger.wandb._target_ == "zoo.training.loggers.wandb_logger"
     assert cfg.logger.wandb.group == "vit"
+    assert cfg.logger.wandb.name == "vit/full/digits"  # model/attention/data
+    assert compose_config(["model=gpt", "logger=wandb", "attention=rope"], tmp_path).logger.wandb.name == (
+        "gpt/rope/python_stdlib"
+    )
     assert list(cfg.logger.wandb.tags) == ["baseline"]
     assert cfg.logger.wandb.save_dir == str(tmp_path)
     assert cfg.callbacks.gradient_norm._target_ == "zoo.training.loggers.GradientNormMonitor"
@@ -79,15 +89,25 @@ def history_keys(records: list[Any]) -> set[str]:
     return {item.key or "/".join(item.nested_key) for r in records if r.HasField("history") for item in r.history.item}
 
 
+def records_of(records: list[Any], kind: str) -> list[Any]:
+    return [getattr(r, kind) for r in records if r.HasField(kind)]
+
+
+def run_config(records: list[Any]) -> dict[str, Any]:
+    config = {item.key: json.loads(item.value_json) for c in records_of(records, "config") for item in c.update}
+    (run,) = records_of(records, "run")
+    return {**config, **{item.key: json.loads(item.value_json) for item in run.config.update}}
+
+
 @pytest.mark.slow
 def test_offline_sweep_logs_metrics_lr_gradient_norms_config_and_media_one_run_per_job(tmp_outputs: Path) -> None:
     # A 2-job sweep in one process: each job must get its own W&B run, grouped by the sweep.
     result = run_cli(
         ["-m", "model=vit", "logger=wandb", "model.net.dim=16", "model.net.depth=1,2", "model.net.num_heads=2",
-         "model.net.mlp_dim=32", "trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
+         "model.net.mlp_dim=32", "trainer.max_epochs=2", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
          "trainer.limit_test_batches=1", "trainer.log_every_n_steps=1", "callbacks.rich_progress_bar=null",
-         "tags=[smoke]", f"paths.log_dir={tmp_outputs}"],
-        env=NO_KEY,
+         "logger.wandb.log_model=true", "tags=[smoke]", f"paths.log_dir={tmp_outputs}"],
+        env={**NO_KEY, "WANDB_DATA_DIR": str(tmp_outputs / "wandb-data")},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
@@ -97,26 +117,84 @@ def test_offline_sweep_logs_metrics_lr_gradient_norms_config_and_media_one_run_p
     for job in ("0", "1"):
         (run_file,) = (sweep_dir / job / "wandb").glob("offline-run-*/run-*.wandb")
         records = wandb_records(run_file)
-        (runs[job],) = [r.run for r in records if r.HasField("run")]
+        (runs[job],) = records_of(records, "run")
         history = history_keys(records)
         for key in ("train/loss_step", "val/acc", "test/acc", "grad_norm/total", "trainer/global_step"):
             assert key in history, f"{key} not logged; logged: {sorted(history)}"
         assert any(key.startswith("lr-AdamW") for key in history), sorted(history)  # LearningRateMonitor
         assert "test/confusion_matrix/_type" in history  # an image entry, its PNG stored with the run
         assert list((run_file.parent / "files" / "media" / "images").rglob("*.png"))
-        config = {
-            item.key: json.loads(item.value_json) for r in records if r.HasField("config") for item in r.config.update
-        }
-        config.update({item.key: json.loads(item.value_json) for item in runs[job].config.update})
+        config = run_config(records)
+        # readable sections; the attention config once, as its own section
+        assert {"model", "attention", "data", "trainer", "callbacks", "run"} <= set(config) and "hydra" not in config
         assert config["model"]["net"]["depth"] == int(job) + 1  # the job's resolved run config
-        assert config["data"]["_target_"].endswith("DigitsDataModule")
-        assert "hydra" not in config
+        assert "attention" not in config["model"]["net"] and config["attention"]["variant"] == "full"
+        assert config["data"]["_target_"].endswith("DigitsDataModule") and config["run"]["seed"] == 42
+        metrics = {m.name or m.glob_name: m for m in records_of(records, "metric")}
+        assert metrics["val/acc"].summary.max and not metrics["val/acc"].summary.last  # the best, not the last
+        assert metrics["val/acc"].step_metric == "epoch" and metrics["val/*"].step_metric == "epoch"  # per epoch
+        assert metrics["train/*"].step_metric == "trainer/global_step"
+        assert metrics["grad_norm/*"].step_metric == "trainer/global_step"
+        artifacts = records_of(records, "artifact")  # W&B adds "latest" to the newest one itself
+        assert [sorted(set(a.aliases) - {"latest"}) for a in artifacts] == [["best"], ["last"]]
+        best = artifacts[0]
+        assert best.type == "model" and json.loads(best.metadata)["monitor"] == "val/acc"
         kinds = {record.WhichOneof("record_type") for record in records}
         assert kinds & {"exit", "final", "footer"}  # the run was closed, not cut off
     assert runs["0"].run_id != runs["1"].run_id
     for job, run in runs.items():
-        assert run.run_group == f"vit/{sweep_dir.name}" and run.display_name == f"{sweep_dir.name}/{job}"
-        assert list(run.tags) == ["smoke"]
+        assert run.run_group == f"vit/{sweep_dir.name}" and run.display_name == f"vit/full/digits/{job}"
+        assert list(run.tags) == ["smoke", f"sweep:{sweep_dir.name}"]
+    # one more run for the whole sweep, in its group: the summary table and the plots
+    (summary_file,) = (sweep_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    records = wandb_records(summary_file)
+    (summary_run,) = records_of(records, "run")
+    assert summary_run.run_group == f"vit/{sweep_dir.name}" and summary_run.display_name == f"{sweep_dir.name}/summary"
+    history = history_keys(records)
+    for key in ("sweep/summary", "sweep/optimization_history", "sweep/parallel_coordinates"):
+        assert f"{key}/_type" in history, sorted(history)
+    (table,) = (summary_file.parent / "files" / "media" / "table").glob("sweep/summary_*.table.json")
+    assert [row[:2] for row in json.loads(table.read_text())["data"]] == [[0, "completed"], [1, "completed"]]
+    assert len(list((summary_file.parent / "files" / "media" / "images").rglob("*.png"))) >= 2
+
+
+@pytest.mark.slow
+def test_a_wandb_sweep_config_runs_zoo_through_the_agents_command_line(tmp_outputs: Path, capsys) -> None:
+    from wandb.sdk.launch.sweeps.utils import create_sweep_command, create_sweep_command_args
+
+    sweep_dir = tmp_outputs / "sweep"
+    tiny = ["model.net.mlp_dim=32", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+            "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "callbacks=none", "print_config=false",
+            f"paths.log_dir={tmp_outputs}"]  # fmt: skip
+    code, out, err = run_in_process(
+        ["hparams_search=vit_optuna", "hydra/sweeper=wandb", "hydra/sweeper/pruner=hyperband", *tiny,
+         f"hydra.sweep.dir={sweep_dir}"],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, (out + err)[-3000:]
+    assert f"wandb sweep {sweep_dir / 'wandb_sweep.yaml'}" in out
+    assert not [p for p in sweep_dir.iterdir() if p.is_dir()]  # nothing was trained
+    sweep = yaml.safe_load((sweep_dir / "wandb_sweep.yaml").read_text())
+    assert sweep["method"] == "bayes" and sweep["metric"] == {"name": "val/acc", "goal": "maximize"}
+    assert sweep["run_cap"] == 20 and sweep["early_terminate"]["type"] == "hyperband"
+    assert sweep["parameters"]["model.optimizer.lr"] == {"distribution": "log_uniform_values", "min": 3e-4, "max": 5e-3}
+    assert sweep["parameters"]["attention"] == {"values": ["full", "local", "linear", "rope"]}
+    # What the agent runs for one suggestion: W&B's own expansion of the command's macros.
+    suggestion = {key: p["values"][0] if "values" in p else p["max"] for key, p in sweep["parameters"].items()}
+    macros = create_sweep_command_args({"args": {key: {"value": value} for key, value in suggestion.items()}})
+    macros.update(env=["/usr/bin/env"], interpreter=[sys.executable], program=[sweep["program"]])
+    command = []
+    for part in create_sweep_command(sweep["command"]):
+        command += macros[part[2:-1]] if part.startswith("${") else [part]
+    agent_run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                               env={**os.environ, **NO_KEY, "WANDB_MODE": "offline"})  # fmt: skip
+    assert agent_run.returncode == 0, agent_run.stderr[-3000:]
+    assert not (tmp_outputs / "vit" / "multirun").exists()  # one plain run, not a search
+    (run_file,) = (tmp_outputs / "vit").glob("*/wandb/offline-run-*/run-*.wandb")
+    config = run_config(wandb_records(run_file))
+    assert config["model"]["optimizer"]["lr"] == 5e-3 and config["data"]["batch_size"] == 32
+    assert config["model"]["net"]["dim"] == 32 and config["model"]["net"]["depth"] == 2
+    assert config["attention"]["variant"] == "full" and config["attention"]["window"] == 4
 
 
 # Tiny runs of the text models, a few steps each; every media key they log, and the files behind it.

@@ -34,6 +34,7 @@ from rich.syntax import Syntax
 from rich.tree import Tree
 
 from zoo.app.devices import check_devices
+from zoo.app.optuna_sweeper import trial_callbacks
 from zoo.app.secrets import redact, redacted
 from zoo.data.samples import lost_worker
 from zoo.errors import CheckpointError, MachineFault, UsageError, storage_failure
@@ -50,6 +51,7 @@ from zoo.training.checkpoints import (
 from zoo.training.distributed import lost_peer
 from zoo.training.loggers import log_hydra_config
 from zoo.training.precision import mixed_precision_plugin
+from zoo.training.pruning import pruned_trial
 from zoo.weights import read_checkpoint
 
 log = logging.getLogger("zoo")
@@ -87,7 +89,7 @@ def with_safety_net(callbacks: list[Callback]) -> list[Callback]:
 def build(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule, L.Trainer]:
     datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
     task = hydra.utils.instantiate(cfg.model, _convert_="all")
-    callbacks = with_safety_net(instantiate_list(cfg.get("callbacks")))
+    callbacks = with_safety_net(instantiate_list(cfg.get("callbacks"))) + trial_callbacks(cfg)  # Optuna pruning
     loggers = instantiate_list(cfg.get("logger"))
     log_hydra_config(loggers, redacted(cfg))  # W&B: the resolved config of the run (secrets as ***)
     check_devices(cfg.trainer)
@@ -209,6 +211,10 @@ def train_and_test(cfg: DictConfig) -> dict[str, float]:
                 raise
             sys.exit(130)  # Lightning exits 1 on Ctrl-C; 130 = 128 + SIGINT, as shells report it
         metrics.update(scalar_metrics(trainer.callback_metrics))
+        if (pruned := pruned_trial(trainer)) is not None:  # stopped by its Optuna pruner: no test
+            if trainer.is_global_zero:
+                raise pruned  # the sweeper records the trial as PRUNED
+            return metrics
         ckpt_path = None  # test_ckpt=last: the weights training ended with
         checkpoint = trainer.checkpoint_callback
         if test_checkpoint(cfg) == "best" and checkpoint is not None:

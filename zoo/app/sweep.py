@@ -1,14 +1,17 @@
-"""Hydra sweeps (`python run.py -m ...`, `hparams_search=<model>_optuna`): failed trials, summary table.
+"""Hydra sweeps (`python run.py -m ...`, `hparams_search=<model>_optuna`): failed trials, summary table, report.
 
 - A trial that fails (an exception, or an optimized metric that is missing or not finite) is recorded
   in its job directory (`failure.txt`) and returns None: the grid goes on, and Optuna marks the trial
-  FAIL and samples the next one (conf/hparams_search/*: max_failure_rate 1.0).
+  FAIL and samples the next one (conf/hydra/sweeper/zoo_optuna.yaml: max_failure_rate 1.0). A trial its
+  Optuna pruner stopped is raised on to the sweeper, which records it PRUNED.
 - `SweepSummary` (a Hydra callback, conf/hydra/default.yaml) writes `job.json` into every job directory
   and, at the end, prints one table (job, overrides, optimized metric) and saves it as `summary.csv`
-  in the sweep directory. It reads the job files, so it works with every launcher (basic, joblib, SLURM).
+  in the sweep directory, with the plots and, with logger=wandb, a W&B summary run (zoo/app/sweep_report.py).
+  It reads the job files, so it works with every launcher (basic, joblib, SLURM). A sweep whose jobs all
+  failed ends with the first job's error as one line and exit status 2.
 - `SweepJobs` (also a Hydra callback) lets `${hydra:...}` resolve in the sweep directory's name, and a
   sweep job train with DDP: Lightning restarts the script for ranks > 0 with the original command line,
-  which for a sweep is the whole sweep again.
+  which for a sweep is the whole sweep again. It also refuses the SLURM launcher where there is no SLURM.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
@@ -29,7 +33,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, read_write
 
-from zoo.app.reporting import user_error_message
+from zoo.app.reporting import EXIT_BAD_INPUT, user_error_message
+from zoo.app.sweep_report import log_sweep_to_wandb, save_sweep_plots, sweep_study
 from zoo.errors import one_line
 
 log = logging.getLogger("zoo")
@@ -44,11 +49,27 @@ def _job_dir() -> Path:
 
 
 def trial_failed(error: BaseException) -> None:
-    """Record a sweep job's exception (full traceback in the job log, one line in failure.txt); the sweep goes on."""
+    """Record a sweep job's exception (full traceback in the job log, one line in failure.txt); the sweep goes on.
+    A trial stopped by its Optuna pruner is no failure: it is raised on to the sweeper, which records it PRUNED."""
+    if is_pruned(error):
+        log.info("trial %s", error)
+        raise error
     message = user_error_message(error) or f"{type(error).__name__}: {one_line(str(error))}".rstrip(": ")
     log.error("trial failed, the sweep goes on: %s\n%s", message, "".join(traceback.format_exception(error)))
     (_job_dir() / FAILURE_FILE).write_text(message + "\n")
     return None
+
+
+def is_pruned(error: Any) -> bool:
+    """Whether a job ended because its Optuna pruner stopped it (an optuna.TrialPruned, so optuna is loaded)."""
+    optuna = sys.modules.get("optuna")
+    return optuna is not None and isinstance(error, optuna.TrialPruned)
+
+
+def job_number(config: DictConfig) -> int:
+    """The job directory's name when it is a number (an Optuna sweep names it after the trial), else hydra.job.num."""
+    name = Path(config.hydra.runtime.output_dir).name
+    return int(name) if name.isdigit() else int(config.hydra.job.num)
 
 
 def trial_objective(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
@@ -77,8 +98,9 @@ class SweepSummary(Callback):
             return
         job_dir = Path(config.hydra.runtime.output_dir)
         record: dict[str, Any] = {
-            "job": int(config.hydra.job.num),
-            "overrides": list(job_return.overrides or []),
+            "job": job_number(config),
+            # the sweeper's own settings for the job (hydra.sweep.subdir, hydra.job.env_set) are not the trial's
+            "overrides": [o for o in job_return.overrides or [] if not o.lstrip("+~").startswith("hydra.")],
             "metric": config.get("optimized_metric"),
             "value": None,
             "status": "completed",
@@ -86,7 +108,10 @@ class SweepSummary(Callback):
         }
         if job_return.status == JobStatus.FAILED:
             error = job_return._return_value
-            record.update(status="failed", error=f"{type(error).__name__}: {error}".splitlines()[0])
+            if is_pruned(error):
+                record.update(status="pruned", value=getattr(error, "value", None))
+            else:
+                record.update(status="failed", error=f"{type(error).__name__}: {error}".splitlines()[0])
         else:
             value = job_return.return_value
             record["value"] = float(value) if isinstance(value, (int, float)) else None
@@ -107,6 +132,12 @@ class SweepSummary(Callback):
         mode = (config.get("model_metric") or {}).get("mode", "min")
         write_summary_csv(records, sweep_dir / SUMMARY_FILE)
         print_summary(records, mode, sweep_dir)
+        plots = save_sweep_plots(sweep_study(config, records, varying_overrides(records), mode), sweep_dir)
+        if "wandb" in (config.get("logger") or {}):
+            log_sweep_to_wandb(config, records, plots, best_job(records, mode))
+        if all(record["status"] == "failed" for record in records):
+            first = records[0]
+            stop_sweep(f"all {len(records)} jobs of the sweep failed; job {first['job']}: {first['error']}")
 
 
 def varying_overrides(records: list[dict[str, Any]]) -> list[list[str]]:
@@ -151,7 +182,9 @@ def print_summary(records: list[dict[str, Any]], mode: str, sweep_dir: Path) -> 
     metric = next((r["metric"] for r in records if r["metric"]), None) or "value"
     best = best_job(records, mode)
     failed = sum(record["status"] == "failed" for record in records)
-    title = escape(f"sweep: {len(records)} jobs, {failed} failed ({mode} {metric})")
+    pruned = sum(record["status"] == "pruned" for record in records)
+    counts = f"{failed} failed" + (f", {pruned} pruned" if pruned else "")
+    title = escape(f"sweep: {len(records)} jobs, {counts} ({mode} {metric})")
     table = Table(title=title, title_justify="left")
     table.add_column("job", justify="right")
     table.add_column("overrides")
@@ -162,6 +195,8 @@ def print_summary(records: list[dict[str, Any]], mode: str, sweep_dir: Path) -> 
         overrides = [escape(override) for override in overrides]
         if record["status"] == "failed":
             value = "[red]failed[/red]"
+        elif record["status"] == "pruned":
+            value = ("-" if record["value"] is None else f"{record['value']:.4f}") + " [yellow]pruned[/yellow]"
         elif record["value"] is None:
             value = "-"
         else:
@@ -209,6 +244,7 @@ class SweepJobs(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         HydraConfig.instance().set_config(config)
         OmegaConf.set_readonly(config.hydra, None)  # set_config makes it read-only; sweepers may still write
+        check_launcher(config)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.mode != RunMode.MULTIRUN:
@@ -246,3 +282,20 @@ class SweepJobs(Callback):
         distributed = sys.modules.get("torch.distributed")
         if distributed is not None and distributed.is_available() and distributed.is_initialized():
             distributed.destroy_process_group()
+
+
+def check_launcher(config: DictConfig) -> None:
+    """hydra/launcher=submitit_slurm off a cluster: one line instead of submitit's traceback at the first job."""
+    target = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+    if target.endswith("SlurmLauncher") and shutil.which("srun") is None:
+        stop_sweep(
+            "hydra/launcher=submitit_slurm submits SLURM jobs, but this machine has no SLURM (no srun); "
+            "run it on a cluster's login node, or here with hydra/launcher=basic or joblib"
+        )
+
+
+def stop_sweep(message: str) -> NoReturn:
+    """End the sweep with `error: <message>` and exit status 2. An exception would not do: Hydra turns a
+    callback's exceptions into warnings."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_BAD_INPUT)

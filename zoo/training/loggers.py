@@ -19,8 +19,9 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger, TensorBoardLogger, WandbLogger
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
 WANDB_HOST = "api.wandb.ai"
@@ -283,6 +284,49 @@ def wandb_mode(environ: dict[str, str] | None = None) -> str:
     return "online" if wandb_api_key_available(environ) else "offline"
 
 
+class ZooWandbLogger(WandbLogger):
+    """Lightning's WandbLogger; with `log_model=True`, at the end of a successful fit, the best checkpoint (by the
+    monitored metric) becomes a `model` artifact with alias `best`, and last.ckpt one with alias `last`, also
+    offline (`wandb sync` uploads them). `log_model="all"` is Lightning's own: every checkpoint, online only."""
+
+    def __init__(self, *args: Any, log_model: bool | str = False, **kwargs: Any) -> None:
+        self.checkpoint_artifacts = log_model is True
+        super().__init__(*args, log_model="all" if log_model == "all" else False, **kwargs)
+        self._model_checkpoints: list[ModelCheckpoint] = []
+        self._logged_artifacts: set[tuple[str, str]] = set()  # finalize runs after fit and again after test
+
+    def after_save_checkpoint(self, checkpoint_callback: ModelCheckpoint) -> None:
+        super().after_save_checkpoint(checkpoint_callback)
+        if self.checkpoint_artifacts and checkpoint_callback not in self._model_checkpoints:
+            self._model_checkpoints.append(checkpoint_callback)
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        super().finalize(status)
+        if status != "success" or not self._model_checkpoints:
+            return
+        import wandb
+
+        for callback in self._model_checkpoints:
+            # a monitored ModelCheckpoint keeps the best; the one without a monitor keeps last.ckpt
+            path, alias = (callback.best_model_path, "best") if callback.monitor else (callback.last_model_path, "last")
+            path = path or callback.best_model_path
+            if not path or (path, alias) in self._logged_artifacts or not Path(path).is_file():
+                continue
+            self._logged_artifacts.add((path, alias))
+            score = callback.best_model_score if callback.monitor else None
+            metadata = {"monitor": callback.monitor, "mode": callback.mode, "file": Path(path).name}
+            metadata["score"] = None if score is None else float(score)
+            artifact = wandb.Artifact(name=f"model-{self.experiment.id}", type="model", metadata=metadata)
+            artifact.add_file(path, name="model.ckpt")
+            self.experiment.log_artifact(artifact, aliases=[alias])
+
+
+def sweep_group(group: str | None, sweep_name: str | None) -> str | None:
+    """The W&B group of a sweep's runs (and of its summary run): `<group>/<sweep>`."""
+    return f"{group}/{sweep_name}" if group and sweep_name else group
+
+
 def wandb_logger(
     save_dir: str,
     project: str = "zoo",
@@ -292,13 +336,14 @@ def wandb_logger(
     log_model: bool | str = False,
     offline: bool | None = None,
     **kwargs: Any,
-) -> WandbLogger:
-    """A Lightning WandbLogger set up from zoo's config (conf/logger/wandb.yaml).
+) -> ZooWandbLogger:
+    """A W&B logger set up from zoo's config (conf/logger/wandb.yaml).
 
     - offline when WANDB_MODE=offline, when `offline=true`, or when no API key is found; then nothing
       touches the network and the run can be uploaded later with `wandb sync`.
-    - name null: the run directory's name (`<date>_<time>`, or `<date>_<time>/<job>` in a sweep);
-      in a sweep the group gets the sweep's name appended, so a sweep's jobs group together.
+    - name: conf/logger/wandb.yaml makes it `<model>/<attention>/<data>`; null: the run directory's name. In a
+      sweep the job is appended (`.../<job>`), the group gets the sweep's name (`<group>/<sweep>`) and the
+      tags `sweep:<sweep>`, so a sweep's runs group together and can be filtered.
     """
     mode = wandb_mode()
     offline = mode != "online" if offline is None else offline
@@ -306,20 +351,23 @@ def wandb_logger(
         os.environ["WANDB_MODE"] = "disabled"
     run_dir = Path(save_dir)
     sweep_name = _sweep_name()
-    if name is None:
-        name = f"{sweep_name}/{run_dir.name}" if sweep_name else run_dir.name
-    if group and sweep_name:
-        group = f"{group}/{sweep_name}"
-    if offline and log_model:
-        rank_zero_warn("W&B offline: checkpoints are not uploaded as artifacts (logger.wandb.log_model ignored)")
-        log_model = False
+    if sweep_name:
+        name = f"{name}/{run_dir.name}" if name else f"{sweep_name}/{run_dir.name}"
+        tags = [*(tags or []), f"sweep:{sweep_name}"]
+    name = name or run_dir.name
+    group = sweep_group(group, sweep_name)
+    if offline and log_model == "all":
+        rank_zero_warn(
+            "W&B offline: only the best and last checkpoints become artifacts (log_model=all needs the network)"
+        )
+        log_model = True
     if offline and mode != "disabled":
         reason = "WANDB_MODE=offline" if os.environ.get("WANDB_MODE") else "no W&B API key found"
         rank_zero_info(
             f"W&B: {reason}, logging offline to {run_dir / 'wandb'}. Upload later with:\n"
             f"  wandb login && wandb sync {run_dir / 'wandb'}/offline-run-*"
         )
-    return WandbLogger(
+    return ZooWandbLogger(
         name=name,
         save_dir=str(run_dir),
         project=project,
@@ -341,12 +389,90 @@ def _sweep_name() -> str | None:
     return Path(HydraConfig.get().sweep.dir).name
 
 
-def log_hydra_config(loggers: Sequence[Logger], cfg: DictConfig) -> None:
-    """Store the resolved run config (not Hydra's own settings) in W&B's run config."""
-    wandb_loggers = [logger for logger in loggers if isinstance(logger, WandbLogger)]
-    if not wandb_loggers:
-        return
+# The config as W&B shows it: these groups as sections of their own, everything else under `run`.
+CONFIG_SECTIONS = ("model", "attention", "data", "trainer", "callbacks")
+
+
+def wandb_config(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved run config (not Hydra's settings) in readable sections: model, attention, data, trainer,
+    callbacks, and `run` (mode, seed, tags, paths, loggers, ...). The attention config is its own section, so
+    the model's copy of it (`model.net.attention`) is left out."""
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     resolved.pop("hydra", None)
-    for logger in wandb_loggers:
-        logger.log_hyperparams(resolved)
+    sections = {key: resolved.pop(key) for key in CONFIG_SECTIONS if key in resolved}
+    net = (sections.get("model") or {}).get("net")
+    if isinstance(net, dict) and "attention" in sections and net.get("attention") == sections["attention"]:
+        net.pop("attention")
+    sections["run"] = resolved
+    return sections
+
+
+def define_wandb_metrics(experiment: Any, cfg: DictConfig) -> None:
+    """What W&B's charts and run table show without clicking: every metric against its own step axis (validation
+    and test metrics against epochs when the model validates once an epoch, else against the global step), and
+    the monitored metric's best value (min or max by model_metric.mode) as its summary, not the last one."""
+    step = "trainer/global_step"
+    trainer = cfg.get("trainer") or {}
+    per_epoch = trainer.get("val_check_interval") is None and (trainer.get("max_epochs") or 0) > 0
+    evaluation = "epoch" if per_epoch else step
+    experiment.define_metric(step)
+    experiment.define_metric("epoch", step_metric=step)
+    for pattern, axis in (("train/*", step), ("lr-*", step), ("grad_norm/*", step), ("val/*", evaluation),
+                          ("test/*", evaluation)):  # fmt: skip
+        experiment.define_metric(pattern, step_metric=axis)
+    metric = cfg.get("model_metric") or {}
+    if metric.get("name"):
+        summary = "max" if metric.get("mode") == "max" else "min"
+        experiment.define_metric(str(metric["name"]), step_metric=evaluation, summary=summary)
+
+
+def log_hydra_config(loggers: Sequence[Logger], cfg: DictConfig) -> None:
+    """W&B: the resolved run config in sections (`wandb_config`) and the metric definitions (`define_wandb_metrics`)."""
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            logger.log_hyperparams(wandb_config(cfg))
+            define_wandb_metrics(logger.experiment, cfg)
+
+
+def log_sweep_summary(
+    *,
+    save_dir: str | Path,
+    project: str | None,
+    entity: str | None,
+    group: str | None,
+    name: str,
+    tags: Sequence[str],
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    images: dict[str, Path],
+    summary: dict[str, Any],
+    config: dict[str, Any],
+) -> None:
+    """One W&B run standing for a whole sweep: its table (`sweep/summary`), its plots (`sweep/<name>`) and the
+    best result in the run summary; offline without an API key, like every zoo run."""
+    mode = wandb_mode()
+    if mode == "disabled":
+        return
+    import wandb
+
+    run = wandb.init(
+        dir=str(save_dir),
+        project=project,
+        entity=entity,
+        group=group,
+        name=name,
+        tags=list(tags),
+        job_type="sweep",
+        config=config,
+        mode=mode,
+        reinit="finish_previous",
+    )
+    try:
+        logged: dict[str, Any] = {"sweep/summary": wandb.Table(columns=list(columns), data=[list(r) for r in rows])}
+        logged.update({f"sweep/{key}": wandb.Image(str(path)) for key, path in images.items()})
+        run.log(logged)
+        run.summary.update(summary)
+    finally:
+        run.finish()
+    if mode == "offline":
+        rank_zero_info(f"W&B: the sweep's summary run is in {Path(save_dir) / 'wandb'}; upload it with wandb sync")
