@@ -110,19 +110,32 @@ def use_blockwise_path(monkeypatch, fused: bool) -> None:
     monkeypatch.setattr(blockwise, "fused_kernel_applies", lambda *args: fused)
 
 
-def assert_matches_masked_attention(
-    attention, allowed: torch.Tensor, shape: tuple[int, ...], padding: torch.Tensor | None, seed: int
-) -> None:
-    """attention(q, k, v, key_padding_mask) equals the textbook formula under `allowed` (n, n) and the
-    padding, in outputs and in the gradients of q, k and v (fp32, 1e-5)."""
+def assert_kernel_matches_masked_attention(kernel, allowed: torch.Tensor, causal: bool, padded: bool, seed: int):
+    """kernel(q, k, v) (B=2, H=2, head dim 8) equals the textbook formula under `allowed` (n, n) and random
+    padding (left padding when causal, as in generation), in outputs and in the gradients of q, k and v
+    (fp32, 1e-5)."""
+    length = allowed.shape[0]
     generator = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(shape, generator=generator, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(2, 2, length, 8, generator=generator, requires_grad=True) for _ in range(3))
+    padding = random_padding(2, length, generator, left=causal) if padded else None
     mask = allowed[None, None]
     if padding is not None:
         mask = mask & ~padding[:, None, None, :]
-    out = attention(q, k, v, padding)
+    out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding)
     expected = reference_softmax_attention(q, k, v, mask)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     grad = torch.randn(out.shape, generator=generator)
     for got, want in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def largest_tensor(kernel, length: int, causal: bool) -> int:
+    """The most elements of any tensor made by kernel(q, k, v) and its backward (B=1, H=1, head dim 8, the
+    first 5 keys padded)."""
+    q, k, v = (torch.randn(1, 1, length, 8, requires_grad=True) for _ in range(3))
+    padding = torch.zeros(1, length, dtype=torch.bool)
+    padding[0, :5] = True
+    with LargestTensor() as spy:
+        out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding)
+        out.sum().backward()
+    return spy.largest

@@ -9,7 +9,7 @@ import torch
 from zoo.attention import MultiHeadAttention, TokenLayout
 from zoo.attention.axial import AxialAttention
 
-from .helpers import LargestTensor, assert_matches_masked_attention, axial_mask, random_padding, use_blockwise_path
+from .helpers import assert_kernel_matches_masked_attention, axial_mask, largest_tensor, use_blockwise_path
 
 CASES = [  # (length, row_length or None, grid or None, prefix tokens)
     (7, 3, None, 0),  # a partial last row
@@ -29,31 +29,20 @@ def axial_kernel(row_length: int | None, grid: tuple[int, int] | None, prefix: i
     return kernel
 
 
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize(("length", "row_length", "grid", "prefix"), CASES)
+# Every case causal and not, padded and not, on the fused path; two also on the explicit one.
+MATRIX = [(*case, padded, causal, True) for case in CASES for padded in (False, True) for causal in (True, False)]
+MATRIX += [(*case, True, causal, False) for case in (CASES[2], CASES[6]) for causal in (True, False)]
+
+
+@pytest.mark.parametrize(("length", "row_length", "grid", "prefix", "padded", "causal", "fused"), MATRIX)
 def test_axial_attention_matches_masked_full_attention(
-    length: int, row_length, grid, prefix: int, padded: bool, causal: bool, monkeypatch
+    length: int, row_length, grid, prefix: int, padded: bool, causal: bool, fused: bool, monkeypatch
 ) -> None:
-    check_axial(length, row_length, grid, prefix, padded, causal, fused=True, monkeypatch=monkeypatch)
-
-
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize(("length", "row_length", "grid", "prefix"), [CASES[2], CASES[6]])
-def test_axial_attention_explicit_path_matches_too(length, row_length, grid, prefix, causal, monkeypatch) -> None:
-    """The path of attention dropout, learned biases and non-CPU devices."""
-    check_axial(length, row_length, grid, prefix, True, causal, fused=False, monkeypatch=monkeypatch)
-
-
-def check_axial(length, row_length, grid, prefix, padded, causal, fused, monkeypatch) -> None:
     use_blockwise_path(monkeypatch, fused)
     kernel = axial_kernel(row_length, grid, prefix)
-    width = row_length or grid[1]
-    padding = random_padding(2, length, torch.Generator().manual_seed(length), left=causal) if padded else None
-    assert_matches_masked_attention(
-        lambda q, k, v, mask: kernel(q, k, v, causal=causal, key_padding_mask=mask)[0],
-        axial_mask(length, width, prefix, causal), (2, 2, length, 8), padding, seed=length,
-    )  # fmt: skip
+    assert_kernel_matches_masked_attention(
+        kernel, axial_mask(length, row_length or grid[1], prefix, causal), causal, padded, seed=length
+    )
 
 
 def test_axial_module_follows_the_models_patch_grid() -> None:
@@ -79,14 +68,8 @@ def test_axial_row_length_folds_a_sequence_and_defaults_to_its_square_root() -> 
 def test_axial_attention_never_materialises_n_by_n(causal: bool, monkeypatch) -> None:
     use_blockwise_path(monkeypatch, fused=True)
     length, width = 1024, 32
-    kernel = axial_kernel(width, None, 0)
-    q, k, v = (torch.randn(1, 1, length, 8, requires_grad=True) for _ in range(3))
-    padding = torch.zeros(1, length, dtype=torch.bool)
-    padding[0, :5] = True
-    with LargestTensor() as spy:
-        out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding)
-        out.sum().backward()
-    assert spy.largest <= length * 2 * width < length * length // 8, spy.largest  # n x (row + column)
+    largest = largest_tensor(axial_kernel(width, None, 0), length, causal)
+    assert largest <= length * 2 * width < length * length // 8, largest  # n x (row + column)
 
 
 def test_axial_options_are_checked() -> None:

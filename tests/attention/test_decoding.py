@@ -50,8 +50,16 @@ def test_cached_decoding_equals_full_forward(variant: str, options: dict, rope: 
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("variant", "options"), VARIANTS)
-def test_cached_decoding_with_left_padding_equals_full_forward(variant: str, options: dict) -> None:
+# The pattern kernels also with their blockwise path (fused or explicit) for the whole sequence and the
+# first chunk (below DENSE_MAX_LENGTH tokens they take the dense one).
+PADDED_CASES = [(variant, options, None) for variant, options in VARIANTS]
+PADDED_CASES += [(variant, options, fused) for variant, options in PATTERN_VARIANTS for fused in (True, False)]
+
+
+@pytest.mark.parametrize(("variant", "options", "blockwise"), PADDED_CASES)
+def test_cached_decoding_with_left_padding_equals_full_forward(variant, options, blockwise, monkeypatch) -> None:
+    if blockwise is not None:
+        use_blockwise_path(monkeypatch, fused=blockwise)
     module = build(variant, options, rope=True)
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(3, 12, 32, generator=generator)
@@ -85,16 +93,3 @@ def test_linear_state_has_constant_size() -> None:
     module = build("linear", {}, rope=False)
     _, cache = decode(module, torch.randn(1, 20, 32), [1] * 20)
     assert cache.state.shape == (1, 4, 8, 9)  # [S | z]: head_dim x (head_dim + 1)
-
-
-@pytest.mark.parametrize(("variant", "options"), PATTERN_VARIANTS)
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
-def test_pattern_kernels_decode_like_their_blockwise_forward(variant: str, options: dict, fused: bool, monkeypatch):
-    use_blockwise_path(monkeypatch, fused)  # the whole sequence and the first chunk run blockwise
-    module = build(variant, options, rope=True)
-    generator = torch.Generator().manual_seed(4)
-    x = torch.randn(3, 21, 32, generator=generator)
-    padding = random_padding(3, 21, generator, left=True)
-    expected = module(x, key_padding_mask=padding)
-    got, _ = decode(module, x, [9, 1, 1, 5, 1, 1, 3], padding)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

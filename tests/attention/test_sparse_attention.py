@@ -12,8 +12,8 @@ from zoo.attention.functional import softmax_attention
 from zoo.attention.sparse import BAND_BLOCK_SIZE, SparseAttention
 
 from .helpers import (
-    LargestTensor,
-    assert_matches_masked_attention,
+    assert_kernel_matches_masked_attention,
+    largest_tensor,
     random_padding,
     reference_softmax_attention,
     sparse_mask,
@@ -40,31 +40,20 @@ def sparse_kernel(pattern: str, stride: int, summary: int | None) -> SparseAtten
     return kernel
 
 
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize(("pattern", "length", "stride", "summary"), CASES)
+# Every case causal and not, padded and not, on the fused path; two also on the explicit one (the path of
+# attention dropout, learned biases and non-CPU devices).
+MATRIX = [(*case, padded, causal, True) for case in CASES for padded in (False, True) for causal in (True, False)]
+MATRIX += [(*case, True, causal, False) for case in (CASES[0], CASES[5]) for causal in (True, False)]
+
+
+@pytest.mark.parametrize(("pattern", "length", "stride", "summary", "padded", "causal", "fused"), MATRIX)
 def test_sparse_attention_matches_masked_full_attention(
-    pattern: str, length: int, stride: int, summary: int | None, padded: bool, causal: bool, monkeypatch
+    pattern: str, length: int, stride: int, summary: int | None, padded: bool, causal: bool, fused: bool, monkeypatch
 ) -> None:
-    check_sparse(pattern, length, stride, summary, padded, causal, fused=True, monkeypatch=monkeypatch)
-
-
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize(("pattern", "length", "stride", "summary"), [CASES[0], CASES[5]])
-def test_sparse_attention_explicit_path_matches_too(pattern, length, stride, summary, causal, monkeypatch) -> None:
-    """The path of attention dropout, learned biases and non-CPU devices."""
-    check_sparse(pattern, length, stride, summary, True, causal, fused=False, monkeypatch=monkeypatch)
-
-
-def check_sparse(pattern, length, stride, summary, padded, causal, fused, monkeypatch) -> None:
     use_blockwise_path(monkeypatch, fused)
-    kernel = sparse_kernel(pattern, stride, summary)
-    padding = random_padding(2, length, torch.Generator().manual_seed(length), left=causal) if padded else None
     allowed = sparse_mask(length, pattern, stride, summary or 0, causal)
-    assert_matches_masked_attention(
-        lambda q, k, v, mask: kernel(q, k, v, causal=causal, key_padding_mask=mask)[0],
-        allowed, (2, 2, length, 8), padding, seed=length * stride,
-    )  # fmt: skip
+    kernel = sparse_kernel(pattern, stride, summary)
+    assert_kernel_matches_masked_attention(kernel, allowed, causal, padded, seed=length * stride)
 
 
 def test_dense_path_for_short_sequences_equals_the_blockwise_one(monkeypatch) -> None:
@@ -94,16 +83,10 @@ def test_sparse_module_weights_are_the_pattern_probabilities(pattern: str) -> No
 def test_sparse_attention_never_materialises_n_by_n(pattern: str, monkeypatch) -> None:
     use_blockwise_path(monkeypatch, fused=True)
     length, stride = 1024, 32  # stride = sqrt(n)
-    kernel = sparse_kernel(pattern, stride, 2 if pattern == "fixed" else None)
-    q, k, v = (torch.randn(1, 1, length, 8, requires_grad=True) for _ in range(3))
-    padding = torch.zeros(1, length, dtype=torch.bool)
-    padding[0, :5] = True
-    with LargestTensor() as spy:
-        out, _ = kernel(q, k, v, causal=True, key_padding_mask=padding)
-        out.sum().backward()
+    largest = largest_tensor(sparse_kernel(pattern, stride, 2 if pattern == "fixed" else None), length, causal=True)
     # strided: blocks of queries x (block + stride) keys; fixed: n queries x the n / stride * 2 summaries.
     bound = length * (BAND_BLOCK_SIZE + stride + 1) if pattern == "strided" else length * (2 * length // stride + 2)
-    assert spy.largest <= bound < length * length // 8, spy.largest
+    assert largest <= bound < length * length // 8, largest
 
 
 def test_default_stride_and_summary_follow_the_max_length() -> None:
@@ -155,7 +138,7 @@ def test_blockwise_parts_add_a_score_bias_before_the_softmax(variant: str, fused
     slopes = torch.tensor([0.5, 0.125], requires_grad=not fused)  # a learned bias takes the explicit path
     q, k, v = (torch.randn(2, 2, length, 8, requires_grad=True) for _ in range(3))
     padding = random_padding(2, length, torch.Generator().manual_seed(1))
-    out, _ = kernel.attend(q, k, v, causal=causal, key_padding_mask=padding, score_bias=alibi(slopes))
+    out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding, score_bias=alibi(slopes))
     positions = torch.arange(length)
     allowed = sparse_mask(length, variant, 6, 2, causal)[None, None] & ~padding[:, None, None, :]
     additive = alibi(slopes)(positions, positions).masked_fill(~allowed, float("-inf"))
@@ -167,7 +150,7 @@ def test_blockwise_parts_add_a_score_bias_before_the_softmax(variant: str, fused
         # The slopes' gradient sums B * H * n * n terms: relative 1e-4.
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5 if got.ndim > 1 else 1e-4)
     # The dense path (need_weights) adds the same bias.
-    dense, weights = kernel.attend(q, k, v, causal=causal, key_padding_mask=padding, score_bias=alibi(slopes),
+    dense, weights = kernel(q, k, v, causal=causal, key_padding_mask=padding, score_bias=alibi(slopes),
                                    need_weights=True)  # fmt: skip
     torch.testing.assert_close(dense, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(weights > 0, allowed.expand_as(weights))

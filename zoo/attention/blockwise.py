@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -37,10 +38,10 @@ from zoo.attention.functional import masked_attention, softmax_attention
 
 ScoreBias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 PARTS_CACHE_SIZE = 8  # lengths whose parts (and masks) a kernel keeps
-# Sequences up to this length run as one fused SDPA call under the dense (n, n) mask (at most 1 MiB of
-# float mask per batch row): below it the parts' fixed cost per call exceeds the work they save (measured:
-# experiments/results/attention_benchmark.md).
-DENSE_MAX_LENGTH = 512
+# Sequences up to this length run as one fused SDPA call under the dense (n, n) mask (256 KiB of float mask
+# per batch row): below it the parts' fixed cost per call exceeds the work they save (experiments/results/
+# recipes.md).
+DENSE_MAX_LENGTH = 256
 
 
 def blocked_windows(x: torch.Tensor, left: int, right: int, block: int, n_blocks: int) -> torch.Tensor:
@@ -71,85 +72,70 @@ def _pad_tokens(x: torch.Tensor, size: int) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class Rows:
-    """The queries start..stop-1 in consecutive blocks of `block` (the last one padded)."""
+class _Fold:
+    """Tokens start..stop-1 folded row-major into rows of `width` (the last row padded); the blocks are the
+    grid's rows (Rows) or its columns (Columns)."""
 
     start: int
     stop: int
-    block: int
+    width: int
+    axis: ClassVar[int]
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return -(-(self.stop - self.start) // self.width), self.width
 
     @property
     def count(self) -> int:
-        return -(-(self.stop - self.start) // self.block)
-
-    def positions(self) -> torch.Tensor:
-        """(count, block) position of every query slot (slots past `stop` are padding)."""
-        return (self.start + torch.arange(self.count * self.block)).view(self.count, self.block)
+        return self.grid[self.axis]
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, n, *rest) -> (B * count, H, block, *rest)."""
-        batch, heads = x.shape[:2]
-        rest = x.shape[3:]
-        x = _pad_tokens(x[:, :, self.start : self.stop], self.count * self.block)
-        x = x.view(batch, heads, self.count, self.block, *rest).transpose(1, 2)
-        return x.reshape(batch * self.count, heads, self.block, *rest)
+        """(B, H, n, *rest) -> (B * count, H, block size, *rest)."""
+        (batch, heads), rest, (rows, width) = x.shape[:2], x.shape[3:], self.grid
+        x = _pad_tokens(x[:, :, self.start : self.stop], rows * width)
+        x = x.view(batch, heads, rows, width, *rest).movedim(2 + self.axis, 1)
+        return x.reshape(batch * self.count, heads, self.grid[1 - self.axis], *rest)
 
     def scatter(self, y: torch.Tensor, batch: int) -> torch.Tensor:
-        """(B * count, H, block, *rest) -> (B, H, stop - start, *rest): the inverse of `gather`."""
-        heads, rest = y.shape[1], y.shape[3:]
-        y = y.view(batch, self.count, heads, self.block, *rest).transpose(1, 2)
-        return y.reshape(batch, heads, self.count * self.block, *rest)[:, :, : self.stop - self.start]
+        """(B * count, H, block size, *rest) -> (B, H, stop - start, *rest): the inverse of `gather`."""
+        heads, rest, (rows, width) = y.shape[1], y.shape[3:], self.grid
+        y = y.view(batch, self.count, heads, y.shape[2], *rest).movedim(1, 2 + self.axis)
+        return y.reshape(batch, heads, rows * width, *rest)[:, :, : self.stop - self.start]
+
+
+class Rows(_Fold):
+    """The queries start..stop-1 in consecutive blocks of `width` (the last one padded)."""
+
+    axis = 0
+
+    def positions(self) -> torch.Tensor:
+        """(count, width) position of every query slot (slots past `stop` are padding)."""
+        return (self.start + torch.arange(self.count * self.width)).view(self.count, self.width)
 
     def windows(self, left: int, right: int) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
         """The keys from `left` before to `right` after every block: a gather (B, H, n, D) -> (B * count, H,
         K, D) and the keys' positions (count, K) (-1 outside start..stop-1)."""
-        width = left + self.block + right
-        offsets = torch.arange(self.count)[:, None] * self.block - left
-        positions = self.start + offsets + torch.arange(width)
+        offsets = torch.arange(self.count)[:, None] * self.width - left
+        positions = self.start + offsets + torch.arange(left + self.width + right)
         positions = positions.masked_fill((positions < self.start) | (positions >= self.stop), -1)
 
         def gather(x: torch.Tensor) -> torch.Tensor:
-            return blocked_windows(x[:, :, self.start : self.stop], left, right, self.block, self.count)
+            return blocked_windows(x[:, :, self.start : self.stop], left, right, self.width, self.count)
 
         return gather, positions
 
 
-@dataclass(frozen=True)
-class Columns:
-    """The tokens start..stop-1 folded into rows of `row_length` (the last one padded), grouped by column:
+class Columns(_Fold):
+    """The tokens start..stop-1 folded into rows of `width` (the last one padded), grouped by column:
     block c holds the tokens of column c, top to bottom."""
 
-    start: int
-    stop: int
-    row_length: int
-
-    @property
-    def rows(self) -> int:
-        return -(-(self.stop - self.start) // self.row_length)
-
-    @property
-    def count(self) -> int:
-        return self.row_length
+    axis = 1
 
     def positions(self) -> torch.Tensor:
-        """(row_length, rows) position of every slot, -1 past `stop`."""
-        rows = torch.arange(self.rows)[None, :]
-        positions = self.start + rows * self.row_length + torch.arange(self.row_length)[:, None]
+        """(width, rows) position of every slot, -1 past `stop`."""
+        rows = torch.arange(self.grid[0])[None, :]
+        positions = self.start + rows * self.width + torch.arange(self.width)[:, None]
         return positions.masked_fill(positions >= self.stop, -1)
-
-    def gather(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, n, *rest) -> (B * row_length, H, rows, *rest)."""
-        batch, heads = x.shape[:2]
-        rest = x.shape[3:]
-        x = _pad_tokens(x[:, :, self.start : self.stop], self.rows * self.row_length)
-        x = x.view(batch, heads, self.rows, self.row_length, *rest).movedim(3, 1)
-        return x.reshape(batch * self.row_length, heads, self.rows, *rest)
-
-    def scatter(self, y: torch.Tensor, batch: int) -> torch.Tensor:
-        """(B * row_length, H, rows, *rest) -> (B, H, stop - start, *rest): the inverse of `gather`."""
-        heads, rest = y.shape[1], y.shape[3:]
-        y = y.view(batch, self.row_length, heads, self.rows, *rest).movedim(1, 3)
-        return y.reshape(batch, heads, self.rows * self.row_length, *rest)[:, :, : self.stop - self.start]
 
 
 Layout = Rows | Columns
@@ -330,7 +316,9 @@ class PatternKernel(Kernel):
 
     Subclasses give `allowed` (the pattern, for any broadcastable positions) and `parts` (the same pattern
     as disjoint blockwise parts). This class adds the rest of the contract: the dense path for
-    need_weights, and decoding with a KVCache (a new chunk attends under the pattern's rows).
+    need_weights and short sequences, decoding with a KVCache (a new chunk attends under the pattern's
+    rows), and `forward(..., score_bias=)`, an additive bias of positions on both paths (not yet passed by
+    MultiHeadAttention).
     """
 
     supports_cross_attention = False
@@ -360,7 +348,7 @@ class PatternKernel(Kernel):
         rows = torch.arange(k_len - q_len, k_len, device=device)[:, None]
         return self.allowed(rows, torch.arange(k_len, device=device)[None, :], causal)
 
-    def attend(
+    def forward(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -372,11 +360,17 @@ class PatternKernel(Kernel):
         need_weights: bool = False,
         score_bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The contract's forward, plus an optional additive score bias (see the module docstring).
+        """The contract's forward, plus an optional additive score bias (see the module docstring)."""
+        if q.shape[2] != k.shape[2]:
+            raise ValueError(
+                f"{self.name} attention needs as many queries as keys (self-attention), got {q.shape[2]} and "
+                f"{k.shape[2]}"
+            )
+        return self._attend(q, k, v, causal, key_padding_mask, dropout_p, need_weights, score_bias)
 
-        Queries sit at the last q_len positions of the keys. need_weights, fewer queries than keys (decoding)
-        and sequences up to DENSE_MAX_LENGTH take the dense (T, S) path.
-        """
+    def _attend(self, q, k, v, causal, key_padding_mask, dropout_p, need_weights, score_bias=None):
+        """Queries at the last q_len positions of the keys. need_weights, fewer queries than keys (decoding)
+        and sequences up to DENSE_MAX_LENGTH take the dense (T, S) path."""
         q_len, k_len = q.shape[2], k.shape[2]
         if need_weights or q_len != k_len or k_len <= DENSE_MAX_LENGTH:
             allowed = self.dense_mask(q_len, k_len, causal, q.device)
@@ -392,26 +386,6 @@ class PatternKernel(Kernel):
             q, k, v, parts, key_padding_mask=key_padding_mask, dropout_p=dropout_p, score_bias=score_bias
         )
         return out, None
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        causal: bool = False,
-        key_padding_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        need_weights: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if q.shape[2] != k.shape[2]:
-            raise ValueError(
-                f"{self.name} attention needs as many queries as keys (self-attention), got {q.shape[2]} and "
-                f"{k.shape[2]}"
-            )
-        return self.attend(
-            q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p, need_weights=need_weights
-        )
 
     def new_cache(self) -> KVCache:
         return KVCache()
@@ -429,6 +403,4 @@ class PatternKernel(Kernel):
         """Causal: new queries (B, H, t, D) attend to the cached keys and themselves under the pattern.
         The first chunk (a prompt) runs blockwise; later chunks use the pattern's rows, (t, offset + t)."""
         keys, values = cache.append(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
-        return self.attend(
-            q, keys, values, causal=True, key_padding_mask=cache.key_padding_mask(), need_weights=need_weights
-        )
+        return self._attend(q, keys, values, True, cache.key_padding_mask(), 0.0, need_weights)
