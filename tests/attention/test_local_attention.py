@@ -17,6 +17,7 @@ CASES = [  # (batch, length, window, block): n a multiple of the block or not, w
     (3, 45, 1, 8),
     (2, 23, 4, 32),
     (2, 70, 5, 64),
+    (2, 100, 32, 16),  # windows of whole blocks (causal 2 blocks left, bidirectional 1 each side)
 ]
 
 

@@ -26,6 +26,7 @@ CASES = [  # (pattern, length, stride, summary): n a multiple of the stride or n
     ("strided", 37, 64, None),
     ("strided", 45, 1, None),
     ("strided", 70, 5, None),
+    ("strided", 150, 64, None),  # band windows of whole query blocks (blockwise._BlockWindows)
     ("fixed", 50, 7, 2),
     ("fixed", 64, 8, 1),
     ("fixed", 37, 64, 3),
@@ -170,3 +171,18 @@ def test_queries_without_any_key_output_zeros_and_finite_gradients(monkeypatch) 
         q, k, v, sparse_mask(30, "strided", 4, 0, True)[None, None] & ~padding[:, None, None, :]
     )
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("left", "right", "length"), [(16, 0, 50), (8, 8, 56), (0, 0, 13)])
+def test_whole_block_windows_backpropagate_like_the_strided_view(left: int, right: int, length: int) -> None:
+    x = torch.randn(2, 3, length, 4, requires_grad=True)
+    n_blocks = -(-length // 8)
+    windows = blockwise_module.blocked_windows(x, left, right, 8, n_blocks)  # the block-by-block backward
+    reference = blockwise_module._windows(x, left, right, 8, n_blocks)  # autograd through unfold
+    torch.testing.assert_close(windows, reference)
+    # Window entries outside the sequence (always masked keys) get no gradient: the two then agree.
+    positions = torch.arange(n_blocks)[:, None] * 8 - left + torch.arange(left + 8 + right)
+    outside = ((positions < 0) | (positions >= length)).repeat(2, 1)[:, None, :, None]
+    grad = torch.randn(windows.shape).masked_fill(outside, 0.0)
+    got, want = torch.autograd.grad(windows, x, grad)[0], torch.autograd.grad(reference, x, grad)[0]
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)

@@ -24,6 +24,7 @@ no key there), so masks, key padding and an additive score bias are all function
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -33,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from zoo.attention.cache import KVCache, new_tokens_padding
-from zoo.attention.contract import Kernel
+from zoo.attention.contract import Kernel, TokenLayout
 from zoo.attention.functional import masked_attention, softmax_attention
 
 ScoreBias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -52,6 +53,33 @@ def blocked_windows(x: torch.Tensor, left: int, right: int, block: int, n_blocks
     position b * block - left + j; a window may reach past its own sequence, so callers mask positions
     outside [0, n).
     """
+    if left % block == 0 and right % block == 0 and torch.is_grad_enabled() and x.requires_grad:
+        return _BlockWindows.apply(x, left, right, block, n_blocks)
+    return _windows(x, left, right, block, n_blocks)
+
+
+class _BlockWindows(torch.autograd.Function):
+    """blocked_windows whose backward adds the gradient of each window back block by block (the windows are
+    whole blocks here): a few shifted additions instead of autograd's general unfold backward. Entries of a
+    window outside its own sequence (always masked keys) pass no gradient on."""
+
+    @staticmethod
+    def forward(ctx, x, left, right, block, n_blocks):
+        ctx.shape, ctx.sizes = x.shape, (left // block, right // block, block, n_blocks)
+        return _windows(x, left, right, block, n_blocks)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (batch, heads, length, dim), (before, after, block, n_blocks) = ctx.shape, ctx.sizes
+        pieces = grad.view(batch, n_blocks, heads, before + 1 + after, block, dim)
+        total = grad.new_zeros(batch, before + n_blocks + after, heads, block, dim)
+        for piece in range(before + 1 + after):  # piece j of block b's window is block b - before + j
+            total[:, piece : piece + n_blocks] += pieces[:, :, :, piece]
+        total = total[:, before : before + n_blocks].permute(0, 2, 1, 3, 4).reshape(batch, heads, -1, dim)
+        return total[:, :, :length], None, None, None, None
+
+
+def _windows(x: torch.Tensor, left: int, right: int, block: int, n_blocks: int) -> torch.Tensor:
     batch, heads, length, dim = x.shape
     padded = n_blocks * block
     buffer = x.new_empty(left + batch * padded + right, heads, dim)
@@ -118,11 +146,10 @@ class Rows(_Fold):
         offsets = torch.arange(self.count)[:, None] * self.width - left
         positions = self.start + offsets + torch.arange(left + self.width + right)
         positions = positions.masked_fill((positions < self.start) | (positions >= self.stop), -1)
+        return functools.partial(self._window_keys, left, right), positions
 
-        def gather(x: torch.Tensor) -> torch.Tensor:
-            return blocked_windows(x[:, :, self.start : self.stop], left, right, self.width, self.count)
-
-        return gather, positions
+    def _window_keys(self, left: int, right: int, x: torch.Tensor) -> torch.Tensor:
+        return blocked_windows(x[:, :, self.start : self.stop], left, right, self.width, self.count)
 
 
 class Columns(_Fold):
@@ -158,11 +185,11 @@ class Part:
 
 def select(positions: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
     """The keys at `positions` (S,) for a one-block layout: a gather and the positions (1, S)."""
+    return functools.partial(_select_keys, positions), positions[None]
 
-    def gather(x: torch.Tensor) -> torch.Tensor:
-        return x.index_select(2, positions.to(x.device))
 
-    return gather, positions[None]
+def _select_keys(positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return x.index_select(2, positions.to(x.device))
 
 
 def _part_masks(
@@ -323,6 +350,17 @@ class PatternKernel(Kernel):
 
     supports_cross_attention = False
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._parts: dict = {}  # (length, causal, device, inference mode) -> parts; see cached_parts
+
+    def setup(self, layout: TokenLayout, *, num_heads: int = 1) -> None:
+        super().setup(layout, num_heads=num_heads)
+        self._parts.clear()  # parts follow the options that setup resolves
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_parts": {}}  # a pickled kernel (spawned workers) rebuilds them
+
     def allowed(self, query_positions: torch.Tensor, key_positions: torch.Tensor, causal: bool) -> torch.Tensor:
         raise NotImplementedError
 
@@ -333,7 +371,7 @@ class PatternKernel(Kernel):
     def cached_parts(self, length: int, causal: bool, device: torch.device) -> list[Part]:
         """`parts` on `device`, kept for the last few lengths (training repeats them)."""
         key = (length, causal, device, torch.is_inference_mode_enabled())
-        cache = self.__dict__.setdefault("_parts", {})
+        cache = self._parts
         if key not in cache:
             if len(cache) >= PARTS_CACHE_SIZE:
                 cache.pop(next(iter(cache)))
