@@ -288,9 +288,11 @@ class _FusedUnion(torch.autograd.Function):
 
 
 def fused_kernel_applies(q: torch.Tensor, dropout_p: float, score_bias_requires_grad: bool) -> bool:
-    """The fused path: CPU, no attention dropout, no learned bias (the kernel gives no bias gradient)."""
+    """The fused path: CPU, no attention dropout, no learned bias (the kernel gives no bias gradient), and a
+    PyTorch that has the CPU flash kernel's log-sum-exp entry point."""
     return (
         q.device.type == "cpu"
+        and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
         and dropout_p == 0.0
         and not score_bias_requires_grad
         and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
