@@ -2,15 +2,24 @@
 
     python experiments/attention_benchmark.py [--quick]
 
-Causal self-attention, B=1, H=4, head dim 64 (model dim 256), fp32, sequence lengths 256..32768
-(--quick: up to 8192), on the CPU and, when present, CUDA. Rows:
+Self-attention, B=1, H=4, head dim 64 (model dim 256), fp32, sequence lengths 256..32768 (--quick: up
+to 8192), on the CPU and, when present, CUDA. Causal rows:
 
-    sdpa       F.scaled_dot_product_attention(q, k, v, is_causal=True) on ready (B, H, T, D) tensors
-    sdpa+proj  the least a module can cost: in_proj -> sdpa -> out_proj, written out by hand
-    full       zoo MultiHeadAttention, variant full
-    rope       full with rotary positions
-    local      variant local, window 256
-    linear     variant linear (Katharopoulos et al. 2020)
+    sdpa        F.scaled_dot_product_attention(q, k, v, is_causal=True) on ready (B, H, T, D) tensors
+    sdpa+proj   the least a module can cost: in_proj -> sdpa -> out_proj, written out by hand
+    full        zoo MultiHeadAttention, variant full
+    rope        full with rotary positions
+    local       variant local, window 256
+    linear      variant linear (Katharopoulos et al. 2020)
+    sparse      variant sparse, strided, stride 128 (Child et al. 2019)
+    fixed       variant sparse, fixed, stride 128, summary 16
+    axial       variant axial, 1-D sequence folded into rows of 128 (Ho et al. 2019)
+
+and bidirectional ones (compared with full-bidir):
+
+    sdpa-bidir  F.scaled_dot_product_attention(q, k, v) on ready tensors
+    full-bidir  zoo MultiHeadAttention, variant full, not causal
+    compressed  variant compressed, k = 256 (Linformer, Wang et al. 2020)
 
 Time: median of interleaved repeats (every round runs each row once, in rotating order, then rows
 under 30% of the slowest one get twice as many extra rounds among themselves), so that load from
@@ -43,15 +52,27 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from zoo.attention import MultiHeadAttention  # noqa: E402
+from zoo.attention import MultiHeadAttention, TokenLayout  # noqa: E402
+from zoo.attention.blockwise import DENSE_MAX_LENGTH  # noqa: E402
 
 HEADS, HEAD_DIM, WINDOW = 4, 64, 256
+STRIDE, SUMMARY, ROW_LENGTH, COMPRESSED_LENGTH = 128, 16, 128, 256
 DIM = HEADS * HEAD_DIM
-ROWS = ["sdpa", "sdpa+proj", "full", "rope", "local", "linear"]
+CAUSAL_ROWS = ["sdpa", "sdpa+proj", "full", "rope", "local", "linear", "sparse", "fixed", "axial"]
+BIDIRECTIONAL_ROWS = ["sdpa-bidir", "full-bidir", "compressed"]
+ROWS = CAUSAL_ROWS + BIDIRECTIONAL_ROWS
+BARE = ("sdpa", "sdpa-bidir")  # rows that take ready q, k, v
+
+
+def references(row: str) -> tuple[str, str]:
+    """(bare SDPA row, full-attention module row) a row is compared with: causal or bidirectional."""
+    return ("sdpa-bidir", "full-bidir") if row in BIDIRECTIONAL_ROWS else ("sdpa", "full")
+
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def build_rows(device: torch.device) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+def build_rows(device: torch.device, max_length: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     """Each row maps an input (x (1, T, DIM), or q/k/v stacked for bare sdpa) to an output."""
     torch.manual_seed(0)
     modules = {
@@ -59,6 +80,19 @@ def build_rows(device: torch.device) -> dict[str, Callable[[torch.Tensor], torch
         "rope": MultiHeadAttention(DIM, HEADS, causal=True, rope=True),
         "local": MultiHeadAttention(DIM, HEADS, variant="local", window=WINDOW, causal=True),
         "linear": MultiHeadAttention(DIM, HEADS, variant="linear", causal=True),
+        "sparse": MultiHeadAttention(DIM, HEADS, variant="sparse", stride=STRIDE, causal=True),
+        "fixed": MultiHeadAttention(
+            DIM, HEADS, variant="sparse", pattern="fixed", stride=STRIDE, summary=SUMMARY, causal=True
+        ),
+        "axial": MultiHeadAttention(DIM, HEADS, variant="axial", row_length=ROW_LENGTH, causal=True),
+        "full-bidir": MultiHeadAttention(DIM, HEADS),
+        "compressed": MultiHeadAttention(
+            DIM,
+            HEADS,
+            variant="compressed",
+            compressed_length=COMPRESSED_LENGTH,
+            layout=TokenLayout(max_length=max_length),
+        ),  # fmt: skip
     }
     modules = {name: module.to(device) for name, module in modules.items()}
     in_proj = torch.nn.Linear(DIM, 3 * DIM).to(device)
@@ -68,17 +102,21 @@ def build_rows(device: torch.device) -> dict[str, Callable[[torch.Tensor], torch
         q, k, v = qkv.unbind(0)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
+    def sdpa_bidirectional(qkv: torch.Tensor) -> torch.Tensor:
+        q, k, v = qkv.unbind(0)
+        return F.scaled_dot_product_attention(q, k, v)
+
     def sdpa_with_projections(x: torch.Tensor) -> torch.Tensor:
         batch, length, _ = x.shape
         q, k, v = (t.view(batch, length, HEADS, HEAD_DIM).transpose(1, 2) for t in in_proj(x).chunk(3, dim=-1))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return out_proj(out.transpose(1, 2).reshape(batch, length, DIM))
 
-    return {"sdpa": sdpa, "sdpa+proj": sdpa_with_projections, **modules}
+    return {"sdpa": sdpa, "sdpa+proj": sdpa_with_projections, "sdpa-bidir": sdpa_bidirectional, **modules}
 
 
 def make_input(row: str, length: int, device: torch.device, requires_grad: bool) -> torch.Tensor:
-    shape = (3, 1, HEADS, length, HEAD_DIM) if row == "sdpa" else (1, length, DIM)
+    shape = (3, 1, HEADS, length, HEAD_DIM) if row in BARE else (1, length, DIM)
     return torch.randn(shape, device=device, requires_grad=requires_grad)
 
 
@@ -138,7 +176,7 @@ def rounds_for(length: int, quick: bool) -> int:
 def measure(
     device: torch.device, lengths: list[int], quick: bool, clock: Callable[[], float], log: Callable[[str], None]
 ) -> list[dict]:
-    rows = build_rows(device)
+    rows = build_rows(device, max(lengths))
     if device.type != "cpu":
         clock = time.perf_counter  # kernels run asynchronously on other devices: wall clock after a sync
     results = []
@@ -167,9 +205,10 @@ def measure(
                 record[name][f"{mode}_ms"] = 1e3 * statistics.median(times[name])
         for name in ROWS:
             row = record[name]
+            bare, full = references(name)
             for mode in ("forward", "train"):
-                row[f"{mode}_vs_sdpa"] = row[f"{mode}_ms"] / record["sdpa"][f"{mode}_ms"]
-                row[f"{mode}_speedup_vs_full"] = record["full"][f"{mode}_ms"] / row[f"{mode}_ms"]
+                row[f"{mode}_vs_sdpa"] = row[f"{mode}_ms"] / record[bare][f"{mode}_ms"]
+                row[f"{mode}_speedup_vs_full"] = record[full][f"{mode}_ms"] / row[f"{mode}_ms"]
             results.append(row)
         log(
             f"{device.type} n={length}: "
@@ -241,11 +280,30 @@ def targets(results: list[dict], device: str) -> list[str]:
             f"({verdict(row['forward_speedup_vs_full'] >= 5)}), forward+backward {row['train_speedup_vs_full']:.2f}x "
             f"({verdict(row['train_speedup_vs_full'] >= 5)})"
         )
-    growth = per_doubling(results, device, "local", "train_peak_mib")
-    lines.append(
-        "- local memory grows linearly in n (peak MiB ratio per doubling, forward+backward): "
-        + ", ".join(f"{m}: {r:.2f}" for m, r in growth)
-    )
+    for variant, reference, target in (("sparse", "full", 5), ("axial", "full", 5), ("compressed", "full-bidir", 10)):
+        row = lookup(results, device, variant, n)
+        kind = "bidirectional" if reference == "full-bidir" else "causal"
+        lines.append(
+            f"- {variant} >= {target}x faster than full {kind} at n={n}: forward {row['forward_speedup_vs_full']:.2f}x "
+            f"({verdict(row['forward_speedup_vs_full'] >= target)}), forward+backward "
+            f"{row['train_speedup_vs_full']:.2f}x ({verdict(row['train_speedup_vs_full'] >= target)}); against bare "
+            f"SDPA: {1 / row['forward_vs_sdpa']:.2f}x / {1 / row['train_vs_sdpa']:.2f}x"
+        )
+    # Memory per doubling of n, forward+backward, where both lengths take the blockwise path (the pattern
+    # kernels run short sequences densely: zoo.attention.blockwise.DENSE_MAX_LENGTH).
+    for variant, bound, law, shortest in (
+        ("local", 2.2, "linearly", 1024),
+        ("sparse", 2.9, "at most ~n^1.5", 4 * DENSE_MAX_LENGTH),
+        ("axial", 2.9, "at most ~n^1.5", 4 * DENSE_MAX_LENGTH),
+        ("compressed", 2.2, "linearly", 1024),
+    ):
+        growth = [(m, r) for m, r in per_doubling(results, device, variant, "train_peak_mib") if m >= shortest]
+        worst = max(r for _, r in growth) if growth else float("nan")
+        lines.append(
+            f"- {variant} memory grows {law} in n (peak MiB ratio per doubling, forward+backward, n >= {shortest}; "
+            f"<= {bound}): worst {worst:.2f} ({verdict(worst <= bound)}); "
+            + ", ".join(f"{m}: {r:.2f}" for m, r in growth)
+        )
     for mode, label in (("forward", "forward"), ("train", "forward+backward")):
         doubling = [(m, r) for m, r in per_doubling(results, device, "linear", f"{mode}_ms") if m >= 1024]
         worst = max(r for _, r in doubling) if doubling else float("nan")
@@ -259,7 +317,10 @@ def targets(results: list[dict], device: str) -> list[str]:
 def write_markdown(results: list[dict], info: dict[str, str], path: Path, quick: bool, note: str = "") -> None:
     lines = ["# Attention benchmark", ""]
     lines.append(
-        f"Causal self-attention, B=1, H={HEADS}, head dim {HEAD_DIM}, fp32; local window {WINDOW}. "
+        f"Self-attention, B=1, H={HEADS}, head dim {HEAD_DIM}, fp32; causal rows: local window {WINDOW}, sparse "
+        f"strided stride {STRIDE}, fixed stride {STRIDE} summary {SUMMARY}, axial rows of {ROW_LENGTH}; "
+        f"bidirectional rows (sdpa-bidir, full-bidir, compressed with k={COMPRESSED_LENGTH}) compare with "
+        "full-bidir. "
         f"Median of interleaved repeats{' (--quick)' if quick else ''}. "
         "Written by `experiments/attention_benchmark.py`."
     )
@@ -270,7 +331,8 @@ def write_markdown(results: list[dict], info: dict[str, str], path: Path, quick:
         "",
         "Peak memory: high-water mark of bytes allocated during the call (CPU: profiler allocator events; "
         "CUDA: max_memory_allocated), excluding inputs and weights.",
-        "Ratios: `x sdpa` = time / bare SDPA time (lower is better); `speed-up` = full module time / time.",
+        "Ratios: `x sdpa` = time / bare SDPA time (lower is better); `speed-up` = full module time / time "
+        "(causal rows against the causal ones, bidirectional against the bidirectional ones).",
     ]
     for device in sorted({r["device"] for r in results}):
         lines += ["", f"## {device}", "", "### Targets", ""] + targets(results, device)
@@ -312,7 +374,7 @@ def plot(results: list[dict], path: Path) -> None:
             row_axes[1].plot(
                 lengths, [r["train_peak_mib"] for _, r in series], "s--", color=line.get_color(), label=name
             )
-        row_axes[0].set_title(f"Time, causal, B=1, H={HEADS}, d={HEAD_DIM} ({device})")
+        row_axes[0].set_title(f"Time, B=1, H={HEADS}, d={HEAD_DIM} ({device})")
         row_axes[0].set_ylabel("time per call (ms)")
         row_axes[1].set_title(f"Peak memory of forward+backward ({device})")
         row_axes[1].set_ylabel("peak allocated memory (MiB)")

@@ -83,8 +83,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 # {files}, {vit}, {gpt}, {truncated}, {outputs} are filled in from the fixture.
 CASES = [
     ("unknown model", ["model=vitt"], ["model 'vitt'", "valid choices", "vit"]),
-    ("unknown attention", ["attention=sparse"], ["attention 'sparse'", "full", "local"]),
-    ("unknown attention variant", ["attention.variant=sparse"], ["'sparse'", "full", "linear"]),
+    ("unknown attention", ["attention=bigbird"], ["attention 'bigbird'", "full", "sparse"]),
+    ("unknown attention variant", ["attention.variant=bigbird"], ["'bigbird'", "axial", "compressed"]),
     ("unknown data", ["data=imagenet"], ["data 'imagenet'", "digits"]),
     ("unknown trainer option", ["trainer=tpu"], ["trainer 'tpu'", "cpu"]),
     ("unknown config key", ["trainer.epochs=3"], ["'trainer.epochs'", "max_epochs", "+trainer.epochs"]),
@@ -93,6 +93,10 @@ CASES = [
     ("unknown mode", ["mode=serve"], ["mode 'serve'", "train"]),
     ("dim not divisible by heads", [*TINY_VIT, "model.net.dim=30", "model.net.num_heads=4"], ["dim=30", "num_heads"]),
     ("window <= 0", ["attention=local", "attention.window=0"], ["window", "0", "positive"]),
+    ("bidirectional attention in a causal model", ["model=gpt", "attention=compressed"],
+     ["'compressed' is bidirectional only", "causal", "valid choices", "sparse"]),
+    ("axial row length that misses the patch grid", ["attention=axial", "attention.row_length=3"],
+     ["row_length=3", "4x4 patch grid", "null or 4"]),
     ("image size not divisible by patch", ["model.net.patch_size=3"], ["patch_size=3", "image_size=8", "divisible"]),
     ("devices > available", ["trainer.devices=4096"], ["trainer.devices=4096", "valid: 1.."]),
     ("no GPU for accelerator=gpu", ["trainer.accelerator=gpu"], ["accelerator=gpu", "no GPU", "cpu"]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def reference_softmax_attention(
@@ -26,6 +27,38 @@ def banded_mask(length: int, window: int, causal: bool) -> torch.Tensor:
     for i in range(length):
         for j in range(length):
             allowed[i, j] = (0 <= i - j < window) if causal else abs(i - j) <= window // 2
+    return allowed
+
+
+def sparse_mask(length: int, pattern: str, stride: int, summary: int, causal: bool) -> torch.Tensor:
+    """(n, n) True where the Sparse Transformer's pattern lets query i see key j (Child et al. 2019, 4.2),
+    with explicit loops: strided = the previous `stride` positions or every stride-th one, fixed = the same
+    block of `stride` or the last `summary` positions of a block; bidirectional strided is mirrored."""
+    allowed = torch.zeros(length, length, dtype=torch.bool)
+    for i in range(length):
+        for j in range(length):
+            if causal and j > i:
+                continue
+            if pattern == "strided":
+                allowed[i, j] = abs(i - j) < stride or (i - j) % stride == 0
+            else:
+                allowed[i, j] = i // stride == j // stride or j % stride >= stride - summary
+    return allowed
+
+
+def axial_mask(length: int, width: int, prefix: int, causal: bool) -> torch.Tensor:
+    """(n, n) True where query i sees key j in axial attention, with explicit loops: the tokens after
+    `prefix` laid out in rows of `width`, each seeing its row and its column; prefix tokens are global."""
+    allowed = torch.zeros(length, length, dtype=torch.bool)
+    for i in range(length):
+        for j in range(length):
+            if causal and j > i:
+                continue
+            if i < prefix or j < prefix:
+                allowed[i, j] = True
+            else:
+                (row_i, col_i), (row_j, col_j) = divmod(i - prefix, width), divmod(j - prefix, width)
+                allowed[i, j] = row_i == row_j or col_i == col_j
     return allowed
 
 
@@ -51,3 +84,58 @@ def random_padding(batch: int, length: int, generator: torch.Generator, left: bo
     if left:
         return positions < (length - lengths)[:, None]
     return positions >= lengths[:, None]
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any aten op produces (forward and backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for item in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(item, torch.Tensor):
+                self.largest = max(self.largest, item.numel())
+        return result
+
+
+def use_blockwise_path(monkeypatch, fused: bool) -> None:
+    """Make the pattern kernels (sparse, axial) take their blockwise path at every length, fused (the
+    CPU flash kernel) or explicit (the formula under autograd)."""
+    from zoo.attention import blockwise
+
+    monkeypatch.setattr(blockwise, "DENSE_MAX_LENGTH", 0)
+    monkeypatch.setattr(blockwise, "fused_kernel_applies", lambda *args: fused)
+
+
+def assert_kernel_matches_masked_attention(kernel, allowed: torch.Tensor, causal: bool, padded: bool, seed: int):
+    """kernel(q, k, v) (B=2, H=2, head dim 8) equals the textbook formula under `allowed` (n, n) and random
+    padding (left padding when causal, as in generation), in outputs and in the gradients of q, k and v
+    (fp32, 1e-5)."""
+    length = allowed.shape[0]
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 2, length, 8, generator=generator, requires_grad=True) for _ in range(3))
+    padding = random_padding(2, length, generator, left=causal) if padded else None
+    mask = allowed[None, None]
+    if padding is not None:
+        mask = mask & ~padding[:, None, None, :]
+    out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding)
+    expected = reference_softmax_attention(q, k, v, mask)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    grad = torch.randn(out.shape, generator=generator)
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def largest_tensor(kernel, length: int, causal: bool) -> int:
+    """The most elements of any tensor made by kernel(q, k, v) and its backward (B=1, H=1, head dim 8, the
+    first 5 keys padded)."""
+    q, k, v = (torch.randn(1, 1, length, 8, requires_grad=True) for _ in range(3))
+    padding = torch.zeros(1, length, dtype=torch.bool)
+    padding[0, :5] = True
+    with LargestTensor() as spy:
+        out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding)
+        out.sum().backward()
+    return spy.largest

@@ -7,14 +7,23 @@ import torch
 
 from zoo.attention import MultiHeadAttention
 
-from .helpers import random_padding
+from .helpers import random_padding, use_blockwise_path
 
-VARIANTS = [("full", None), ("local", 4), ("local", 64), ("linear", None)]
+VARIANTS = [  # (variant, options)
+    ("full", {}),
+    ("local", {"window": 4}),
+    ("local", {"window": 64}),
+    ("linear", {}),
+    ("sparse", {"stride": 3}),
+    ("sparse", {"pattern": "fixed", "stride": 4, "summary": 2}),
+    ("axial", {"row_length": 4}),
+]
+PATTERN_VARIANTS = [case for case in VARIANTS if case[0] in ("sparse", "axial")]
 
 
-def build(variant: str, window: int | None, rope: bool) -> MultiHeadAttention:
+def build(variant: str, options: dict, rope: bool) -> MultiHeadAttention:
     torch.manual_seed(0)
-    return MultiHeadAttention(32, 4, variant=variant, window=window, causal=True, rope=rope, chunk_size=4).eval()
+    return MultiHeadAttention(32, 4, variant=variant, causal=True, rope=rope, chunk_size=4, **options).eval()
 
 
 def decode(module: MultiHeadAttention, x: torch.Tensor, pieces: list[int], padding: torch.Tensor | None = None):
@@ -30,20 +39,28 @@ def decode(module: MultiHeadAttention, x: torch.Tensor, pieces: list[int], paddi
     return torch.cat(outputs, dim=1), cache
 
 
-@pytest.mark.parametrize(("variant", "window"), VARIANTS)
+@pytest.mark.parametrize(("variant", "options"), VARIANTS)
 @pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize("pieces", [[1] * 13, [5] + [1] * 8, [6, 3, 1, 1, 2]])
-def test_cached_decoding_equals_full_forward(variant: str, window: int | None, rope: bool, pieces: list[int]) -> None:
-    module = build(variant, window, rope)
+def test_cached_decoding_equals_full_forward(variant: str, options: dict, rope: bool, pieces: list[int]) -> None:
+    module = build(variant, options, rope)
     x = torch.randn(2, 13, 32, generator=torch.Generator().manual_seed(1))
     expected = module(x)
     got, _ = decode(module, x, pieces)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("variant", "window"), VARIANTS)
-def test_cached_decoding_with_left_padding_equals_full_forward(variant: str, window: int | None) -> None:
-    module = build(variant, window, rope=True)
+# The pattern kernels also with their blockwise path (fused or explicit) for the whole sequence and the
+# first chunk (below DENSE_MAX_LENGTH tokens they take the dense one).
+PADDED_CASES = [(variant, options, None) for variant, options in VARIANTS]
+PADDED_CASES += [(variant, options, fused) for variant, options in PATTERN_VARIANTS for fused in (True, False)]
+
+
+@pytest.mark.parametrize(("variant", "options", "blockwise"), PADDED_CASES)
+def test_cached_decoding_with_left_padding_equals_full_forward(variant, options, blockwise, monkeypatch) -> None:
+    if blockwise is not None:
+        use_blockwise_path(monkeypatch, fused=blockwise)
+    module = build(variant, options, rope=True)
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(3, 12, 32, generator=generator)
     padding = random_padding(3, 12, generator, left=True)
@@ -52,9 +69,9 @@ def test_cached_decoding_with_left_padding_equals_full_forward(variant: str, win
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("variant", "window"), VARIANTS)
-def test_cache_reorder_follows_beam_search(variant: str, window: int | None) -> None:
-    module = build(variant, window, rope=True)
+@pytest.mark.parametrize(("variant", "options"), VARIANTS)
+def test_cache_reorder_follows_beam_search(variant: str, options: dict) -> None:
+    module = build(variant, options, rope=True)
     x = torch.randn(2, 10, 32, generator=torch.Generator().manual_seed(3))
     padding = torch.zeros(2, 10, dtype=torch.bool)
     padding[1, :3] = True  # the cache must carry each row's padding along with its keys
@@ -67,12 +84,12 @@ def test_cache_reorder_follows_beam_search(variant: str, window: int | None) -> 
 
 
 def test_local_cache_keeps_only_the_window() -> None:
-    module = build("local", 4, rope=False)
+    module = build("local", {"window": 4}, rope=False)
     _, cache = decode(module, torch.randn(1, 20, 32), [7] + [1] * 13)
     assert cache.keys.shape[2] == 3 and cache.values.shape[2] == 3  # window - 1 past keys
 
 
 def test_linear_state_has_constant_size() -> None:
-    module = build("linear", None, rope=False)
+    module = build("linear", {}, rope=False)
     _, cache = decode(module, torch.randn(1, 20, 32), [1] * 20)
     assert cache.state.shape == (1, 4, 8, 9)  # [S | z]: head_dim x (head_dim + 1)

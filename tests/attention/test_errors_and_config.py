@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from zoo.attention import VARIANTS, AttentionConfig, MultiHeadAttention
+from zoo.attention import VARIANTS, AttentionConfig, MultiHeadAttention, TokenLayout
+
+from .helpers import use_blockwise_path
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -22,9 +24,12 @@ def one_line_error(build, *fragments: str) -> None:
         assert fragment in message, message
 
 
+ALL = "['axial', 'compressed', 'full', 'linear', 'local', 'sparse']"
+
+
 def test_unknown_variant_names_the_choices() -> None:
-    one_line_error(lambda: MultiHeadAttention(32, 4, variant="sparse"), "'sparse'", "['full', 'linear', 'local']")
-    one_line_error(lambda: AttentionConfig(variant="Full"), "'Full'", "['full', 'linear', 'local']")
+    one_line_error(lambda: MultiHeadAttention(32, 4, variant="bigbird"), "'bigbird'", ALL)
+    one_line_error(lambda: AttentionConfig(variant="Full"), "'Full'", ALL)
 
 
 @pytest.mark.parametrize("window", [0, -4, None, 2.5, True])
@@ -47,19 +52,40 @@ def test_local_cross_attention_names_the_variants_that_support_it() -> None:
     one_line_error(lambda: module(torch.randn(1, 3, 16), torch.randn(1, 5, 16)), "'local'", "['full', 'linear']")
 
 
-def test_attention_dropout_is_active_in_training_and_unbiased() -> None:
-    for variant in ("full", "local", "linear"):
-        torch.manual_seed(0)
-        module = MultiHeadAttention(16, 2, variant=variant, window=4, causal=True, dropout=0.5)
-        x = torch.randn(1, 12, 16)
-        expected = module.eval()(x)
-        module.train()
-        samples = torch.stack([module(x) for _ in range(600)])
-        assert not torch.allclose(samples[0], samples[1])
-        assert not torch.allclose(samples[0], expected)
-        # E[dropout(p) / (1 - p)] = p: the mean over many draws approaches the eval output.
-        error = (samples.mean(0) - expected).abs().mean() / expected.abs().mean()
-        assert error < 0.1, (variant, float(error))
+DROPOUT_CASES = {  # variant: (options, causal)
+    "full": ({}, True),
+    "local": ({"window": 4}, True),
+    "linear": ({}, True),
+    "sparse": ({"stride": 3}, True),
+    "axial": ({"row_length": 4}, True),
+    "compressed": ({"compressed_length": 6}, False),
+}
+
+
+def test_every_variant_has_a_dropout_case() -> None:
+    assert set(DROPOUT_CASES) == set(VARIANTS)
+
+
+@pytest.mark.parametrize(
+    ("variant", "blockwise"), [(variant, False) for variant in DROPOUT_CASES] + [("sparse", True), ("axial", True)]
+)
+def test_attention_dropout_is_active_in_training_and_unbiased(variant: str, blockwise: bool, monkeypatch) -> None:
+    if blockwise:  # the pattern kernels' blockwise path drops entries of the joint softmax
+        use_blockwise_path(monkeypatch, fused=False)
+    options, causal = DROPOUT_CASES[variant]
+    torch.manual_seed(0)
+    module = MultiHeadAttention(
+        16, 2, variant=variant, causal=causal, dropout=0.5, layout=TokenLayout(max_length=12), **options
+    )
+    x = torch.randn(1, 12, 16)
+    expected = module.eval()(x)
+    module.train()
+    samples = module(x.expand(600, 12, 16))  # 600 independent draws, one per batch row
+    assert not torch.allclose(samples[0], samples[1])
+    assert not torch.allclose(samples[0], expected[0])
+    # E[dropout(p) / (1 - p)] = p: the mean over many draws approaches the eval output.
+    error = (samples.mean(0) - expected[0]).abs().mean() / expected.abs().mean()
+    assert error < 0.1, (variant, float(error))
 
 
 def hydra_compose(overrides: list[str]):
@@ -72,14 +98,28 @@ def hydra_compose(overrides: list[str]):
         return compose(config_name=overrides[0], overrides=overrides[1:])
 
 
-@pytest.mark.parametrize("option", ["full", "local", "linear", "rope"])
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "attention").glob("*.yaml")))
 def test_attention_configs_build_every_variant(option: str) -> None:
     cfg = hydra_compose([option, "rope=true"] if option == "local" else [option])
     shared = {f.name for f in fields(AttentionConfig)} - {"options"}
     assert set(cfg) == shared | set(VARIANTS[cfg.variant].option_names())  # exactly its variant's options
     config = AttentionConfig(**cfg)
-    module = MultiHeadAttention(32, 4, config, causal=True)
+    causal = VARIANTS[cfg.variant].supports_causal
+    module = MultiHeadAttention(32, 4, config, causal=causal, layout=TokenLayout(max_length=16))
     assert module.variant == cfg.variant
     assert (module.rotary is not None) == (option in ("rope", "local"))
     # Short sequences (shorter than local's window) still work.
     assert module(torch.randn(2, 7, 32)).shape == (2, 7, 32)
+
+
+def test_every_variant_keeps_the_parameter_names_so_checkpoints_switch_variant() -> None:
+    layout = TokenLayout(max_length=12)
+    torch.manual_seed(0)
+    full = MultiHeadAttention(16, 2, layout=layout).state_dict()
+    for variant, (options, causal) in DROPOUT_CASES.items():
+        module = MultiHeadAttention(16, 2, variant=variant, causal=causal, layout=layout, **options)
+        result = module.load_state_dict(full, strict=False)
+        assert not result.unexpected_keys
+        extra = ["kernel.key_projection", "kernel.value_projection"] if variant == "compressed" else []
+        assert sorted(result.missing_keys) == extra, variant  # the compressed kernel adds its projections
+        torch.testing.assert_close(module.in_proj.weight, full["in_proj.weight"])

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from zoo.attention import MultiHeadAttention, sliding_window_attention
 from zoo.attention import local as local_module
 
-from .helpers import banded_mask, random_padding, reference_softmax_attention
+from .helpers import LargestTensor, banded_mask, random_padding, reference_softmax_attention
 
 CASES = [  # (batch, length, window, block): n a multiple of the block or not, window > n, tiny windows
     (2, 50, 8, 16),
@@ -18,6 +17,7 @@ CASES = [  # (batch, length, window, block): n a multiple of the block or not, w
     (3, 45, 1, 8),
     (2, 23, 4, 32),
     (2, 70, 5, 64),
+    (2, 100, 32, 16),  # windows of whole blocks (causal 2 blocks left, bidirectional 1 each side)
 ]
 
 
@@ -53,21 +53,6 @@ def test_local_module_weights_are_the_banded_probabilities() -> None:
     assert torch.equal(weights[0, 0] > 0, banded_mask(10, 3, causal=True))
     torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, 10))
     torch.testing.assert_close(module(x), out, atol=1e-5, rtol=1e-5)
-
-
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any aten op produces (forward and backward)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
-        for item in result if isinstance(result, (tuple, list)) else (result,):
-            if isinstance(item, torch.Tensor):
-                self.largest = max(self.largest, item.numel())
-        return result
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -15,6 +15,9 @@ VARIANTS = {
     "local": {"variant": "local", "window": 6},
     "local_rope": {"variant": "local", "window": 6, "rope": True},
     "linear": {"variant": "linear"},
+    "sparse": {"variant": "sparse", "stride": 5},
+    "sparse_fixed": {"variant": "sparse", "pattern": "fixed", "stride": 6, "summary": 2},
+    "axial_rope": {"variant": "axial", "row_length": 5, "rope": True},
 }
 
 
@@ -167,7 +170,7 @@ def test_config_errors_name_the_bad_value() -> None:
     with pytest.raises(ValueError, match="vocab_size must be a positive int, got None"):
         GPTConfig(vocab_size=None)
     with pytest.raises(ValueError, match="unknown attention variant"):
-        GPTConfig(attention={"variant": "sparse"})
+        GPTConfig(attention={"variant": "bigbird"})
 
 
 @pytest.mark.parametrize("attention", ["full", "local", "linear", "rope"])

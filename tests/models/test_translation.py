@@ -167,10 +167,12 @@ ATTENTIONS = [
     {"variant": "local", "window": 4},
     {"variant": "linear"},
     {"rope": True},
+    {"variant": "sparse", "stride": 3},
+    {"variant": "axial", "row_length": 3},
 ]
 
 
-@pytest.mark.parametrize("attention", ATTENTIONS, ids=["full", "local", "linear", "rope"])
+@pytest.mark.parametrize("attention", ATTENTIONS, ids=["full", "local", "linear", "rope", "sparse", "axial"])
 def test_cached_decoding_equals_uncached(attention: dict) -> None:
     model = tiny(attention=attention)
     src, tgt = random_source(), torch.randint(3, 40, (3, 6))

@@ -98,6 +98,24 @@ def test_from_torchvision_at_another_image_size_resamples_positions() -> None:
     assert model(torch.randn(2, 3, 48, 48)).shape == (2, 3)
 
 
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_vit_axial_attention_follows_the_patch_grid(pool: str) -> None:
+    torch.manual_seed(0)
+    model = tiny(attention={"variant": "axial", "rope": True}, pool=pool, num_classes=3).eval()
+    attention = model.blocks[0].self_attn
+    prefix = 1 if pool == "cls" else 0
+    assert (attention.kernel.width, attention.kernel.prefix) == (4, prefix)  # the 4 x 4 patch grid
+    tokens = torch.randn(2, 16 + prefix, 32)
+    _, weights = attention(tokens, need_weights=True)
+    patches = weights[0, 0, prefix:, prefix:] > 0  # patch (r, c) sees row r and column c
+    rows, cols = torch.arange(16) // 4, torch.arange(16) % 4
+    assert torch.equal(patches, (rows[:, None] == rows) | (cols[:, None] == cols))
+    assert bool((weights[0, 0, :, :prefix] > 0).all()) and bool((weights[0, 0, :prefix] > 0).all())
+    images = torch.randn(2, 1, 8, 8, requires_grad=True)
+    model.forward_features(images).sum().backward()
+    assert images.grad.abs().sum() > 0
+
+
 def test_resample_position_embedding_is_identity_at_same_grid_and_smooth_otherwise() -> None:
     table = torch.randn(1, 1 + 16, 8)
     assert resample_position_embedding(table, 4) is table

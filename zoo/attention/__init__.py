@@ -1,7 +1,10 @@
 """zoo's shared attention core (pure PyTorch): one MultiHeadAttention, interchangeable kernels behind one
 contract (contract.py, registry.py), positions, caches. Imports nothing from zoo but zoo.errors."""
 
+from zoo.attention.axial import AxialAttention
+from zoo.attention.blockwise import union_attention
 from zoo.attention.cache import KVCache, LinearAttentionState, RollingKVCache, StaticKVCache
+from zoo.attention.compressed import CompressedAttention
 from zoo.attention.config import AttentionConfig
 from zoo.attention.contract import AttentionKernel, DecodingState, Kernel, TokenLayout
 from zoo.attention.core import MultiHeadAttention
@@ -16,11 +19,14 @@ from zoo.attention.positions import (
     sinusoidal_positions,
 )
 from zoo.attention.registry import VARIANTS, build_kernel
+from zoo.attention.sparse import SparseAttention
 
 __all__ = [
     "VARIANTS",
     "AttentionConfig",
     "AttentionKernel",
+    "AxialAttention",
+    "CompressedAttention",
     "DecodingState",
     "FullAttention",
     "KVCache",
@@ -33,6 +39,7 @@ __all__ = [
     "RollingKVCache",
     "RotaryEmbedding",
     "SinusoidalPositionalEmbedding",
+    "SparseAttention",
     "StaticKVCache",
     "TokenLayout",
     "build_kernel",
@@ -44,4 +51,5 @@ __all__ = [
     "sliding_window_attention",
     "sliding_window_mask",
     "softmax_attention",
+    "union_attention",
 ]

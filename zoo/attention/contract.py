@@ -14,7 +14,8 @@ sit after everything the cache has seen; its key_padding_mask covers the new tok
 
 Each kernel is a small `Kernel` (an nn.Module, so that a kernel may own buffers or parameters) built in two
 steps: `Kernel(**options)` takes only the kernel's own options as keyword-only arguments and checks them
-(one-line ValueError); `setup(layout)` then tells it about the model's token sequences. The options a kernel
+(one-line ValueError); `setup(layout, num_heads=...)` then tells it about the model's token sequences and
+its number of heads. A kernel that is bidirectional only sets `supports_causal = False`. The options a kernel
 accepts are read off its constructor, so adding a variant is one file, one line in zoo/attention/registry.py
 and one conf/attention/<name>.yaml.
 """
@@ -43,6 +44,7 @@ class DecodingState(Protocol):
 class AttentionKernel(Protocol):
     name: ClassVar[str]
     supports_cross_attention: ClassVar[bool]
+    supports_causal: ClassVar[bool]
 
     def __call__(
         self,
@@ -84,10 +86,13 @@ class Kernel(nn.Module):
 
     name: ClassVar[str] = ""
     supports_cross_attention: ClassVar[bool] = False
+    supports_causal: ClassVar[bool] = True
 
-    def setup(self, layout: TokenLayout) -> None:
-        """Learn the model's token layout (kernels that need a maximum length or a grid override this)."""
+    def setup(self, layout: TokenLayout, *, num_heads: int = 1) -> None:
+        """Learn the model's token layout and head count (kernels that need a maximum length, a grid or
+        per-head parameters override this)."""
         self.layout = layout
+        self.num_heads = num_heads
 
     @classmethod
     def option_names(cls) -> list[str]:

@@ -18,7 +18,7 @@ from zoo.attention.cache import StaticKVCache
 from zoo.attention.config import AttentionConfig
 from zoo.attention.contract import Kernel, TokenLayout
 from zoo.attention.positions import RotaryEmbedding, grid_positions
-from zoo.attention.registry import cross_attention_variants
+from zoo.attention.registry import causal_variants, cross_attention_variants
 
 
 class MultiHeadAttention(nn.Module):
@@ -65,7 +65,12 @@ class MultiHeadAttention(nn.Module):
         self.dropout = config.dropout
         self.layout = layout or TokenLayout()
         self.kernel: Kernel = config.build_kernel()
-        self.kernel.setup(self.layout)
+        if causal and not self.kernel.supports_causal:
+            raise ValueError(
+                f"attention variant {self.variant!r} is bidirectional only, and this self-attention is causal "
+                f"(GPT, CLIP's text tower, the translation decoder); valid choices: {causal_variants()}"
+            )
+        self.kernel.setup(self.layout, num_heads=num_heads)
         grid = self.layout.grid if config.rope else None
         self.rotary = RotaryEmbedding(self.head_dim, config.rope_base, 2 if grid else 1) if config.rope else None
         if grid is not None:  # 2-D rotary positions of the patches (the prefix tokens sit at (0, 0))

@@ -13,6 +13,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from zoo.attention.blockwise import blocked_windows
 from zoo.attention.cache import RollingKVCache, new_tokens_padding
 from zoo.attention.contract import Kernel
 from zoo.attention.functional import additive_mask, dot_product_attention, masked_attention
@@ -45,24 +46,6 @@ def _band_extent(window: int, causal: bool, length: int) -> tuple[int, int]:
         return min(window, length - 1), 0
     half = min(window // 2, length - 1)
     return half, half
-
-
-def _blocked(x: torch.Tensor, left: int, right: int, block: int, n_blocks: int) -> torch.Tensor:
-    """(B, H, n, D) -> (B * n_blocks, H, left + block + right, D): the keys around every query block.
-
-    One flat zero-padded copy (left pad, each sequence padded to n_blocks * block, right pad), then
-    overlapping windows as a strided view: no key is duplicated in memory. A block's window may reach
-    into the neighbouring sequence; `_block_allowed` masks those keys.
-    """
-    batch, heads, length, dim = x.shape
-    padded = n_blocks * block
-    buffer = x.new_empty(left + batch * padded + right, heads, dim)
-    buffer[:left].zero_()
-    buffer[left + batch * padded :].zero_()
-    body = buffer[left : left + batch * padded].view(batch, padded, heads, dim)
-    body[:, :length] = x.transpose(1, 2)
-    body[:, length:].zero_()
-    return buffer.unfold(0, left + block + right, block).transpose(-1, -2)
 
 
 def _block_allowed(
@@ -129,8 +112,8 @@ def _blockwise_sliding_window(
     n_blocks = -(-length // block)
     padded = n_blocks * block
     left, right = _band_extent(window, causal, length)
-    keys = _blocked(k, left, right, block, n_blocks)  # (B * nb, H, K, D)
-    values = _blocked(v, left, right, block, n_blocks)
+    keys = blocked_windows(k, left, right, block, n_blocks)  # (B * nb, H, K, D)
+    values = blocked_windows(v, left, right, block, n_blocks)
     queries = q.transpose(1, 2)  # (B, n, H, D)
     if padded != length:
         queries = F.pad(queries, (0, 0, 0, 0, 0, padded - length))

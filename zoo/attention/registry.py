@@ -3,6 +3,10 @@
     full    softmax over all keys, fused SDPA; KVCache
     local   sliding window of `window` keys, blockwise O(n * window); RollingKVCache
     linear  elu + 1 feature map (Katharopoulos et al. 2020), O(n d^2); LinearAttentionState
+    sparse  the Sparse Transformer's strided / fixed patterns (Child et al. 2019), blockwise; KVCache
+    axial   row + column of the patch grid or of the folded sequence (Ho et al. 2019), blockwise; KVCache
+    compressed  keys and values projected along the sequence to k rows (Linformer, Wang et al. 2020),
+            O(n k); bidirectional only, no decoding
 
 A new variant is a Kernel subclass in its own file, one line here and one conf/attention/<name>.yaml.
 """
@@ -11,15 +15,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from zoo.attention.axial import AxialAttention
+from zoo.attention.compressed import CompressedAttention
 from zoo.attention.contract import Kernel
 from zoo.attention.full import FullAttention
 from zoo.attention.linear import LinearAttention
 from zoo.attention.local import LocalAttention
+from zoo.attention.sparse import SparseAttention
 
 VARIANTS: dict[str, type[Kernel]] = {
     "full": FullAttention,
     "local": LocalAttention,
     "linear": LinearAttention,
+    "sparse": SparseAttention,
+    "axial": AxialAttention,
+    "compressed": CompressedAttention,
 }
 
 
@@ -41,3 +51,7 @@ def build_kernel(name: str, **options: Any) -> Kernel:
 
 def cross_attention_variants() -> list[str]:
     return sorted(name for name, kernel in VARIANTS.items() if kernel.supports_cross_attention)
+
+
+def causal_variants() -> list[str]:
+    return sorted(name for name, kernel in VARIANTS.items() if kernel.supports_causal)

@@ -1,0 +1,82 @@
+"""Every model family builds and trains with every attention variant of conf/attention/ (at its defaults) that
+its definition allows, and refuses the others (bidirectional-only kernels in causal models) with one line
+naming the valid choices: what `python run.py model=M attention=V` does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from zoo.attention import VARIANTS, AttentionConfig
+from zoo.models.clip import CLIP, CLIPConfig
+from zoo.models.gpt import GPT, GPTConfig
+from zoo.models.translation import TranslationConfig, TranslationTransformer
+from zoo.models.vit import ViT, ViTConfig
+
+CONF = Path(__file__).resolve().parents[2] / "conf" / "attention"
+ATTENTIONS = sorted(p.stem for p in CONF.glob("*.yaml"))
+IMAGE = {"image_size": 8, "patch_size": 2, "in_channels": 1, "dim": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32}
+
+
+def attention(name: str) -> AttentionConfig:
+    return AttentionConfig(**OmegaConf.to_container(OmegaConf.load(CONF / f"{name}.yaml")))
+
+
+def step_vit(config: AttentionConfig) -> torch.Tensor:
+    return ViT(ViTConfig(**IMAGE, num_classes=3, attention=config))(torch.randn(2, 1, 8, 8)).sum()
+
+
+def step_gpt(config: AttentionConfig) -> torch.Tensor:
+    model = GPT(GPTConfig(vocab_size=20, block_size=12, n_layer=1, n_head=2, n_embd=16, attention=config))
+    return model(torch.randint(0, 20, (2, 12))).sum()
+
+
+def step_translation(config: AttentionConfig) -> torch.Tensor:
+    model = TranslationTransformer(
+        TranslationConfig(vocab_size=20, dim=16, encoder_layers=1, decoder_layers=1, num_heads=2, mlp_dim=32,
+                          max_length=16, attention=config)
+    )  # fmt: skip
+    return model(torch.randint(3, 20, (2, 9)), torch.randint(3, 20, (2, 7))).sum()
+
+
+def step_clip(config: AttentionConfig) -> torch.Tensor:
+    text = {"vocab_size": 20, "max_length": 10, "dim": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32}
+    model = CLIP(CLIPConfig(embed_dim=8, image={**IMAGE}, text=text, attention=config))
+    tokens = torch.tensor([[1, 5, 6, 2, 0, 0], [1, 7, 8, 9, 10, 2]])
+    image_embeddings, text_embeddings, scale = model(torch.randn(2, 1, 8, 8), tokens)
+    return (image_embeddings @ text_embeddings.T * scale).sum()
+
+
+STEPS = {"vit": step_vit, "gpt": step_gpt, "translation": step_translation, "clip": step_clip}
+CAUSAL = {"vit": False, "gpt": True, "translation": True, "clip": True}  # does the model attend causally?
+
+
+@pytest.mark.parametrize("name", ATTENTIONS)
+@pytest.mark.parametrize("model", sorted(STEPS))
+def test_every_model_trains_with_every_attention_it_allows(model: str, name: str) -> None:
+    config = attention(name)
+    torch.manual_seed(0)
+    if CAUSAL[model] and not VARIANTS[config.variant].supports_causal:
+        with pytest.raises(ValueError) as info:
+            STEPS[model](config)
+        message = str(info.value)
+        assert "\n" not in message and f"{config.variant!r} is bidirectional only" in message
+        assert "valid choices: ['axial', 'full', 'linear', 'local', 'sparse']" in message
+        return
+    loss = STEPS[model](config)
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+def test_clip_takes_compressed_attention_in_its_image_tower() -> None:
+    torch.manual_seed(0)
+    image = {**IMAGE, "attention": {"variant": "compressed", "compressed_length": 8}}
+    text = {"vocab_size": 20, "max_length": 10, "dim": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32}
+    model = CLIP(CLIPConfig(embed_dim=8, image=image, text=text))
+    assert model.image_encoder.blocks[0].self_attn.variant == "compressed"
+    assert model.text_encoder.blocks[0].self_attn.variant == "full"
+    image_embeddings, _, _ = model(torch.randn(2, 1, 8, 8), torch.tensor([[1, 5, 2]]))
+    assert image_embeddings.shape == (2, 8)

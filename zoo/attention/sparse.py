@@ -1,0 +1,108 @@
+"""The Sparse Transformer's factorised patterns (Child et al. 2019, section 4.2), merged into one softmax.
+
+With stride l, query i attends to key j (d = i - j; causal also needs d >= 0):
+
+    strided   |d| < l  (the previous l positions, itself included)  or  d mod l == 0  (every l-th one)
+    fixed     j in i's block of l positions  or  j mod l >= l - summary  (the last `summary` positions
+              of every block, its "summary" cells)
+
+The bidirectional strided pattern is the causal one mirrored; the bidirectional fixed pattern is the
+paper's (every block's summaries, also later ones). Both parts share one softmax (the paper's "merged"
+attention). Computed blockwise (zoo/attention/blockwise.py): strided as a band of l keys around blocks of
+queries plus the columns of the sequence folded into rows of l; fixed as blocks of l plus the summaries.
+At l ~ sqrt(n) that is O(n sqrt(n)) time and memory; no (n, n) tensor is made.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from zoo.attention.blockwise import Columns, Part, PatternKernel, Rows, select
+from zoo.attention.contract import TokenLayout
+from zoo.errors import check_choice, check_positive_int
+
+PATTERNS = ("strided", "fixed")
+BAND_BLOCK_SIZE = 64  # queries per block of the strided band (as local attention's measured default)
+
+
+class SparseAttention(PatternKernel):
+    """Strided or fixed sparse attention with a KVCache for decoding.
+
+    Options: `pattern` (strided | fixed), `stride` (l; None: ceil(sqrt(max_length)) of the model),
+    `summary` (fixed only: summary positions per block; None: max(1, stride // 8)).
+    """
+
+    name = "sparse"
+
+    def __init__(self, *, pattern: str = "strided", stride: int | None = None, summary: int | None = None) -> None:
+        super().__init__()
+        check_choice("attention.pattern (variant 'sparse')", pattern, PATTERNS)
+        check_positive_int("attention.stride (variant 'sparse')", stride, allow_none=True)
+        check_positive_int("attention.summary (variant 'sparse')", summary, allow_none=True)
+        if summary is not None and pattern != "fixed":
+            raise ValueError(
+                f"attention.summary applies to pattern 'fixed' only, got summary={summary} with {pattern!r}"
+            )
+        if summary is not None and stride is not None and summary > stride:
+            raise ValueError(f"attention.summary must be at most attention.stride={stride}, got {summary}")
+        self.pattern = pattern
+        self.stride = stride
+        self.summary = summary
+
+    def setup(self, layout: TokenLayout, *, num_heads: int = 1) -> None:
+        super().setup(layout, num_heads=num_heads)
+        if self.stride is None and layout.max_length is None:
+            raise ValueError(
+                "attention.stride (variant 'sparse') is null, which means ceil(sqrt(max length)), but this "
+                "attention was not told the model's max length; give attention.stride, a positive int"
+            )
+        self.step = self.stride or math.isqrt(layout.max_length - 1) + 1
+        self.summaries = (self.summary or max(1, self.step // 8)) if self.pattern == "fixed" else 0
+        if self.summaries > self.step:
+            raise ValueError(f"attention.summary must be at most the stride {self.step}, got {self.summaries}")
+
+    def extra_repr(self) -> str:
+        fixed = f", summary={self.summaries}" if self.pattern == "fixed" else ""
+        return f"pattern={self.pattern}, stride={self.step}{fixed}"
+
+    def allowed(self, query_positions: torch.Tensor, key_positions: torch.Tensor, causal: bool) -> torch.Tensor:
+        stride, distance = self.step, query_positions - key_positions
+        if self.pattern == "strided":
+            allowed = (distance.abs() < stride) | (distance % stride == 0)
+        else:
+            same_block = query_positions // stride == key_positions // stride
+            allowed = same_block | (key_positions % stride >= stride - self.summaries)
+        return allowed & (distance >= 0) if causal else allowed
+
+    def parts(self, length: int, causal: bool) -> list[Part]:
+        stride = self.step
+        if self.pattern == "strided":
+            # The band |d| < l around blocks of queries, then every l-th key further away: the column of
+            # the sequence folded into rows of l.
+            rows = Rows(0, length, min(BAND_BLOCK_SIZE, length))
+            left = min(stride, length - 1)
+            gather, key_positions = rows.windows(left, 0 if causal else left)
+            distance = rows.positions()[:, :, None] - key_positions[:, None, :]
+            band = (distance.abs() < stride) & ((distance >= 0) | (not causal))
+            parts = [Part(rows, gather, key_positions, band)]
+            if length > stride:
+                columns = Columns(0, length, stride)
+                positions = columns.positions()
+                distance = positions[:, :, None] - positions[:, None, :]
+                far = distance >= stride if causal else distance.abs() >= stride
+                parts.append(Part(columns, columns.gather, positions, far))
+            return parts
+        # Fixed: each block of l attends to itself, then to the summaries of the other blocks.
+        blocks = Rows(0, length, min(stride, length))
+        gather, key_positions = blocks.windows(0, 0)
+        own = blocks.positions()[:, :, None] >= key_positions[:, None, :]
+        parts = [Part(blocks, gather, key_positions, own | (not causal))]
+        positions = torch.arange(length)
+        summary_positions = positions[positions % stride >= stride - self.summaries]
+        if length > stride and len(summary_positions):
+            query_block, key_block = positions[:, None] // stride, summary_positions[None, :] // stride
+            other = key_block < query_block if causal else key_block != query_block
+            parts.append(Part(Rows(0, length, length), *select(summary_positions), other[None]))
+        return parts
