@@ -131,14 +131,16 @@ def tiny_gpt(**attention):
 
 
 def test_t5_bias_is_one_module_per_stack_or_one_per_layer() -> None:
-    shared, per_layer = tiny_gpt(position_bias="t5", num_buckets=16), tiny_gpt(position_bias="t5", share_bias=False)
+    shared = tiny_gpt(position_bias="t5", num_buckets=16, max_distance=40)
+    per_layer = tiny_gpt(position_bias="t5", share_bias=False)
     assert shared.wpe is None  # the bias replaces the position table
     biases = [block.self_attn.position_bias for block in shared.blocks]
     assert all(bias is biases[0] for bias in biases) and biases[0].relative_attention_bias.num_embeddings == 16
+    assert (biases[0].max_distance, biases[0].bidirectional) == (40, False)  # GPT is causal: decoder bucketing
     assert len({id(block.self_attn.position_bias) for block in per_layer.blocks}) == 3
     assert per_layer.num_parameters() - shared.num_parameters() == 3 * 32 * 2 - 16 * 2  # (buckets, heads) tables
     # A shared table appears under every layer's name, like tied weights, and loads back as one.
-    again = tiny_gpt(position_bias="t5", num_buckets=16)
+    again = tiny_gpt(position_bias="t5", num_buckets=16, max_distance=40)
     again.load_state_dict(shared.state_dict())
     assert all(block.self_attn.position_bias is again.blocks[0].self_attn.position_bias for block in again.blocks)
     idx = torch.randint(0, 11, (2, 8))

@@ -15,7 +15,9 @@ distance: a model may run past the length it was trained on.
 
 Sharing: T5 computes one bias in the first layer and reuses it in every layer of a stack; zoo shares the
 module instead (attention.share_bias, built once per stack by zoo.nn.blocks.transformer_stack, registered in
-every layer's attention like tied weights), or gives each layer its own (share_bias=false).
+every layer's attention like tied weights), or gives each layer its own (share_bias=false). FSDP wraps every
+TransformerBlock as its own unit (trainer=fsdp) and is known to mishandle parameters shared between units
+(pytorch/pytorch#83052): use share_bias=false there.
 """
 
 from __future__ import annotations

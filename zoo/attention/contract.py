@@ -117,11 +117,6 @@ class HeadLayout:
     kv_heads: int
     head_dim: int
 
-    @property
-    def groups(self) -> int:
-        """Query heads per key/value head."""
-        return self.num_heads // self.kv_heads
-
 
 class Kernel(nn.Module):
     """Base of the kernels in this package: the contract above, option discovery, and `setup`."""

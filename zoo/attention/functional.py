@@ -24,12 +24,6 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x[:, :, None].expand(batch, heads, groups, length, dim).reshape(batch, heads * groups, length, dim)
 
 
-def expand_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """k and v repeated to q's head count (for the explicit formulas; SDPA groups heads itself)."""
-    groups = q.shape[1] // k.shape[1]
-    return repeat_kv(k, groups), repeat_kv(v, groups)
-
-
 def evaluate_bias(bias, q_len: int, k_len: int, device: torch.device, start: int = 0) -> torch.Tensor:
     """A ScoreBias (zoo/attention/contract.py) at queries start + k_len - q_len ... and keys start ... start +
     k_len - 1 (the queries are the last q_len positions): (H, q_len, k_len)."""
@@ -94,8 +88,9 @@ def masked_attention(
     if bias is not None:
         bias = bias.to(q.dtype)
         mask = bias if allowed is None else torch.where(allowed, bias, float("-inf"))
-    if need_weights:
-        out, probs = softmax_attention(q, *expand_heads(q, k, v), mask, dropout_p)
+    if need_weights:  # the explicit formula needs every query head's keys; SDPA groups heads itself
+        groups = q.shape[1] // k.shape[1]
+        out, probs = softmax_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), mask, dropout_p)
     else:
         if mask is not None and mask.dtype == torch.bool:
             mask = additive_mask(mask, q.dtype)

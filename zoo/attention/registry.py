@@ -1,8 +1,9 @@
 """The registry of attention kernels: variant name -> Kernel class (the contract: zoo/attention/contract.py).
 
-    full    softmax over all keys, fused SDPA; KVCache
-    local   sliding window of `window` keys, blockwise O(n * window); RollingKVCache
-    linear  elu + 1 feature map (Katharopoulos et al. 2020), O(n d^2); LinearAttentionState
+    full    softmax over all keys, fused SDPA; KVCache; takes a position bias
+    local   sliding window of `window` keys, blockwise O(n * window); RollingKVCache; takes a position bias
+    linear  feature maps elu + 1 (Katharopoulos et al. 2020), ReLU, FAVOR+ (Choromanski et al. 2021),
+            O(n F d); LinearAttentionState
 
 A new variant is a Kernel subclass in its own file, one line here and one conf/attention/<name>.yaml.
 """
