@@ -9,10 +9,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def reference_softmax_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) v under a bool mask (True = may attend); rows with no key give zeros."""
+    """softmax(q k^T / sqrt(d) + bias) v under a bool mask (True = may attend); rows with no key give zeros.
+    k and v with fewer heads than q are repeated (head h uses key/value head h // (H / G))."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if bias is not None:
+        scores = scores + bias
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(scores, dim=-1)

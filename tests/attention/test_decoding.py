@@ -1,11 +1,12 @@
-"""Incremental decoding with each variant's cache equals running the whole sequence at once."""
+"""Incremental decoding with each variant's cache equals running the whole sequence at once, also with
+position biases, grouped key/value heads, other feature maps and RoPE scaling."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from zoo.attention import MultiHeadAttention
+from zoo.attention import MultiHeadAttention, TokenLayout
 
 from .helpers import random_padding, use_blockwise_path
 
@@ -20,10 +21,18 @@ VARIANTS = [  # (variant, options)
 ]
 PATTERN_VARIANTS = [case for case in VARIANTS if case[0] in ("sparse", "axial")]
 
+SOFTMAX_VARIANTS = [case for case in VARIANTS if case[0] != "linear"]  # the kernels that form scores
 
-def build(variant: str, options: dict, rope: bool) -> MultiHeadAttention:
+
+def build(variant: str, options: dict, rope: bool, **settings) -> MultiHeadAttention:
     torch.manual_seed(0)
-    return MultiHeadAttention(32, 4, variant=variant, causal=True, rope=rope, chunk_size=4, **options).eval()
+    module = MultiHeadAttention(
+        32, 4, variant=variant, causal=True, rope=rope, chunk_size=4, **options, **settings,
+        layout=TokenLayout(max_length=8),
+    ).eval()  # fmt: skip
+    if module.position_bias is not None and hasattr(module.position_bias, "relative_attention_bias"):
+        torch.nn.init.normal_(module.position_bias.relative_attention_bias.weight)  # a bias that matters
+    return module
 
 
 def decode(module: MultiHeadAttention, x: torch.Tensor, pieces: list[int], padding: torch.Tensor | None = None):
@@ -50,6 +59,48 @@ def test_cached_decoding_equals_full_forward(variant: str, options: dict, rope: 
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("variant", "options"), SOFTMAX_VARIANTS)
+@pytest.mark.parametrize("position_bias", ["alibi", "t5"])
+@pytest.mark.parametrize("pieces", [[1] * 13, [5] + [1] * 8, [6, 3, 1, 1, 2]])
+def test_cached_decoding_with_a_position_bias_equals_full_forward(variant, options, position_bias, pieces) -> None:
+    module = build(variant, options, rope=False, position_bias=position_bias, num_buckets=8, max_distance=12)
+    x = torch.randn(2, 13, 32, generator=torch.Generator().manual_seed(1))
+    got, _ = decode(module, x, pieces)
+    torch.testing.assert_close(got, module(x), atol=1e-5, rtol=1e-5)
+
+
+SETTINGS = {
+    "gqa": {"kv_heads": 2},
+    "mqa": {"kv_heads": 1},
+    "relu": {"feature_map": "relu"},
+    "favor": {"feature_map": "favor", "num_features": 24},
+    "rope_linear": {"rope": True, "rope_scaling": "linear", "rope_factor": 2.0},
+    "rope_ntk": {"rope": True, "rope_scaling": "ntk", "rope_factor": 2.0},
+}
+
+
+@pytest.mark.parametrize(("variant", "options"), VARIANTS)
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_cached_decoding_with_other_settings_equals_full_forward(variant: str, options: dict, name: str) -> None:
+    settings = {"rope": False, **SETTINGS[name]}
+    module = build(variant, options, **settings)
+    x = torch.randn(2, 13, 32, generator=torch.Generator().manual_seed(1))
+    got, _ = decode(module, x, [5] + [1] * 8)
+    torch.testing.assert_close(got, module(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("variant", "options"), VARIANTS)
+def test_dynamic_rope_decoding_equals_full_forward_within_the_trained_length(variant, options) -> None:
+    # Past the trained length (8 here) every call rescales its own rotations, as in transformers, so only
+    # the first 8 tokens can agree with a full forward.
+    module = build(variant, options, rope=True, rope_scaling="dynamic", rope_factor=2.0)
+    x = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(1))
+    got, _ = decode(module, x, [3] + [1] * 5)
+    torch.testing.assert_close(got, module(x), atol=1e-5, rtol=1e-5)
+    longer = torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(2))
+    assert not torch.allclose(decode(module, longer, [12])[0][:, :8], module(longer[:, :8]), atol=1e-4)
+
+
 # The pattern kernels also with their blockwise path (fused or explicit) for the whole sequence and the
 # first chunk (below DENSE_MAX_LENGTH tokens they take the dense one).
 PADDED_CASES = [(variant, options, None) for variant, options in VARIANTS]
@@ -57,10 +108,13 @@ PADDED_CASES += [(variant, options, fused) for variant, options in PATTERN_VARIA
 
 
 @pytest.mark.parametrize(("variant", "options", "blockwise"), PADDED_CASES)
-def test_cached_decoding_with_left_padding_equals_full_forward(variant, options, blockwise, monkeypatch) -> None:
+@pytest.mark.parametrize("settings", [{}, {"position_bias": "alibi", "kv_heads": 2}], ids=["plain", "alibi_gqa"])
+def test_cached_decoding_with_left_padding_equals_full_forward(variant, options, blockwise, settings, monkeypatch):
     if blockwise is not None:
         use_blockwise_path(monkeypatch, fused=blockwise)
-    module = build(variant, options, rope=True)
+    if variant == "linear" and "position_bias" in settings:
+        settings = {"kv_heads": 2}
+    module = build(variant, options, rope=True, **settings)
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(3, 12, 32, generator=generator)
     padding = random_padding(3, 12, generator, left=True)
@@ -93,3 +147,6 @@ def test_linear_state_has_constant_size() -> None:
     module = build("linear", {}, rope=False)
     _, cache = decode(module, torch.randn(1, 20, 32), [1] * 20)
     assert cache.state.shape == (1, 4, 8, 9)  # [S | z]: head_dim x (head_dim + 1)
+    favor = build("linear", None, rope=False, feature_map="favor", num_features=24, kv_heads=2)
+    _, cache = decode(favor, torch.randn(1, 20, 32), [1] * 20)
+    assert cache.state.shape == (1, 2, 24, 9)  # per key/value head: features x (head_dim + 1)

@@ -123,3 +123,37 @@ def test_every_variant_keeps_the_parameter_names_so_checkpoints_switch_variant()
         extra = ["kernel.key_projection", "kernel.value_projection"] if variant == "compressed" else []
         assert sorted(result.missing_keys) == extra, variant  # the compressed kernel adds its projections
         torch.testing.assert_close(module.in_proj.weight, full["in_proj.weight"])
+
+
+def test_position_bias_errors_name_the_choices() -> None:
+    one_line_error(lambda: AttentionConfig(variant="linear", position_bias="alibi"), "'alibi'", "['full', 'local']")
+    one_line_error(lambda: AttentionConfig(position_bias="rotary"), "'rotary'", "alibi, t5")
+    one_line_error(lambda: AttentionConfig(position_bias="t5", num_buckets=2), "num_buckets", "2")
+    one_line_error(lambda: AttentionConfig(position_bias="t5", num_buckets=32, max_distance=16), "max_distance", "16")
+    one_line_error(lambda: AttentionConfig(share_bias="yes"), "share_bias", "'yes'")
+    AttentionConfig(num_buckets=2)  # T5's settings are carried unused without position_bias=t5
+    grid = TokenLayout(max_length=5, grid=(2, 2), prefix_tokens=1)
+    one_line_error(lambda: MultiHeadAttention(32, 4, position_bias="alibi", layout=grid), "grid", "rope")
+    module = MultiHeadAttention(32, 4, position_bias="alibi")
+    one_line_error(lambda: module(torch.randn(1, 3, 32), positions=torch.arange(3)), "positions", "token order")
+
+
+def test_kv_heads_errors_name_the_choices() -> None:
+    one_line_error(lambda: MultiHeadAttention(32, 4, kv_heads=3), "kv_heads=3", "num_heads=4", "[1, 2, 4]")
+    for bad in (0, -2, 1.5, True):
+        one_line_error(lambda bad=bad: AttentionConfig(kv_heads=bad), "kv_heads", repr(bad))
+
+
+def test_linear_feature_map_errors_name_the_choices() -> None:
+    one_line_error(lambda: AttentionConfig(variant="linear", feature_map="exp"), "'exp'", "elu, favor, relu")
+    one_line_error(lambda: AttentionConfig(variant="linear", num_features=0), "num_features", "0")
+    one_line_error(lambda: AttentionConfig(variant="linear", redraw_interval=-1), "redraw_interval", "-1")
+
+
+def test_vit_takes_no_sequence_position_bias() -> None:
+    from zoo.models.vit import ViT
+
+    one_line_error(
+        lambda: ViT(image_size=8, patch_size=4, dim=16, depth=1, num_heads=2, attention={"position_bias": "alibi"}),
+        "position_bias='alibi'", "rope",
+    )  # fmt: skip

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from zoo.attention import LinearAttention, MultiHeadAttention
-from zoo.attention.linear import DEFAULT_CHUNK_SIZE, causal_linear_attention, elu_feature_map
+from zoo.attention.feature_maps import elu_feature_map
+from zoo.attention.linear import DEFAULT_CHUNK_SIZE, causal_linear_attention
 
 from .helpers import random_padding, reference_linear_attention
 

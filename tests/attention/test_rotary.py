@@ -1,11 +1,12 @@
-"""Rotary position embedding: relative by construction, and the same numbers as Hugging Face LLaMA."""
+"""Rotary position embedding: relative by construction, the same numbers as Hugging Face LLaMA, and its length
+scalings (linear, dynamic NTK as transformers computes them; static NTK as its formula)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from zoo.attention import MultiHeadAttention, RotaryEmbedding
+from zoo.attention import AttentionConfig, MultiHeadAttention, RotaryEmbedding, TokenLayout
 
 
 def test_rotary_scores_depend_only_on_relative_offset_1d() -> None:
@@ -87,3 +88,54 @@ def test_rope_module_moves_and_casts_without_losing_frequency_precision() -> Non
     module = module.to(torch.float64).to("cpu")  # nn.Module.to must reach the rotary submodule
     assert module.rotary.inv_freq.dtype == torch.float32  # frequencies stay fp32 whatever the model dtype
     torch.testing.assert_close(module(x.double()).float(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scaling", ["linear", "dynamic"])
+@pytest.mark.parametrize("length", [40, 64, 100, 256])
+def test_rope_scaling_matches_transformers_rotary_embedding(scaling: str, length: int) -> None:
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = LlamaConfig(
+        hidden_size=64, num_attention_heads=2, head_dim=32, max_position_embeddings=64,
+        rope_parameters={"rope_type": scaling, "factor": 4.0, "rope_theta": 10000.0},
+    )  # fmt: skip
+    positions = torch.arange(length)
+    # A fresh transformers module per length: it keeps the largest dynamic base it has seen, zoo's does not.
+    cos, sin = LlamaRotaryEmbedding(config)(torch.zeros(1, 1, length, 32), positions[None])
+    module = MultiHeadAttention(
+        64, 2, rope=True, rope_scaling=scaling, rope_factor=4.0, layout=TokenLayout(max_length=64)
+    )  # the config's fields reach the rotary embedding; the trained length is the layout's
+    for got in (module.rotary.cos_sin(positions), module.rotary.cos_sin(None, length=length)):
+        torch.testing.assert_close(got[0], cos[0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(got[1], sin[0], atol=1e-6, rtol=0)
+    plain = RotaryEmbedding(32).cos_sin(positions)[0]
+    assert (scaling == "dynamic" and length <= 64) == torch.allclose(plain, cos[0], atol=1e-6)
+
+
+def test_static_ntk_scaling_is_its_formula() -> None:
+    head_dim, base, factor = 32, 10000.0, 4.0
+    rope = MultiHeadAttention(64, 2, rope=True, rope_scaling="ntk", rope_factor=factor, rope_base=base).rotary
+    scaled_base = base * factor ** (head_dim / (head_dim - 2))  # bloc97's NTK-aware base
+    expected = scaled_base ** -(torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    torch.testing.assert_close(rope.inv_freq.double(), expected, atol=0, rtol=1e-6)
+    positions = torch.arange(300)
+    angles = positions[:, None].double() * expected
+    torch.testing.assert_close(
+        rope.cos_sin(positions)[0].double(), torch.cat([angles, angles], -1).cos(), atol=1e-4, rtol=0
+    )
+    assert (
+        rope.inv_freq[0] == 1.0 and rope.inv_freq[-1] < RotaryEmbedding(head_dim).inv_freq[-1] / 3
+    )  # low freqs stretch
+
+
+def test_rope_scaling_errors_name_the_choices() -> None:
+    from .test_errors_and_config import one_line_error
+
+    one_line_error(lambda: AttentionConfig(rope=True, rope_scaling="yarn"), "'yarn'", "dynamic, linear, ntk")
+    one_line_error(lambda: AttentionConfig(rope_scaling="linear"), "rope_scaling='linear'", "attention.rope=true")
+    one_line_error(lambda: AttentionConfig(rope=True, rope_scaling="ntk", rope_factor=0.5), "rope_factor", "0.5")
+    one_line_error(lambda: MultiHeadAttention(32, 4, rope=True, rope_scaling="dynamic"), "dynamic", "max_length")
+    grid = TokenLayout(max_length=5, grid=(2, 2), prefix_tokens=1)
+    one_line_error(lambda: MultiHeadAttention(32, 4, rope=True, rope_scaling="linear", layout=grid), "grid", "rope")

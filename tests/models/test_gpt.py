@@ -18,6 +18,12 @@ VARIANTS = {
     "sparse": {"variant": "sparse", "stride": 5},
     "sparse_fixed": {"variant": "sparse", "pattern": "fixed", "stride": 6, "summary": 2},
     "axial_rope": {"variant": "axial", "row_length": 5, "rope": True},
+    "favor": {"variant": "linear", "feature_map": "favor"},
+    "alibi": {"position_bias": "alibi"},
+    "t5": {"position_bias": "t5", "num_buckets": 8, "max_distance": 16},
+    "local_alibi": {"variant": "local", "window": 6, "position_bias": "alibi"},
+    "gqa": {"rope": True, "kv_heads": 1},
+    "rope_ntk": {"rope": True, "rope_scaling": "ntk", "rope_factor": 2.0},
 }
 
 
@@ -66,6 +72,10 @@ def test_to_huggingface_round_trip_keeps_logits() -> None:
 def test_to_huggingface_rejects_what_gpt2_lacks() -> None:
     with pytest.raises(ValueError, match="rope=True"):
         tiny_gpt({"variant": "full", "rope": True}).to_huggingface()
+    with pytest.raises(ValueError, match="position_bias='alibi'"):
+        tiny_gpt({"position_bias": "alibi"}).to_huggingface()
+    with pytest.raises(ValueError, match="kv_heads=1"):
+        tiny_gpt({"kv_heads": 1}).to_huggingface()
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -105,6 +115,33 @@ def test_cached_generation_equals_uncached_also_past_block_size(name: str) -> No
     assert outputs[0].shape == (2, 45)  # 45 > block_size 24: the context slides
     assert torch.equal(outputs[0][:, :5], prompt)
     assert torch.equal(outputs[0], outputs[1])
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "local_alibi"])
+def test_gpt_with_a_position_bias_generates_past_block_size_without_cropping(name: str) -> None:
+    torch.manual_seed(0)
+    model = tiny_gpt(VARIANTS[name])
+    assert model.wpe is None and model.max_length is None
+    prompt = torch.randint(0, 37, (1, 30))  # longer than block_size 24: allowed
+    out = model.generate(prompt, 20, temperature=0.0)
+    with torch.no_grad():
+        logits = model(out[:, :-1])  # one forward over all 49 tokens: nothing was cropped
+    assert torch.equal(logits[0, 29:].argmax(-1), out[0, 30:])
+
+
+def test_rope_gpt_trained_at_64_evaluates_at_256_with_rope_scaling() -> None:
+    torch.manual_seed(0)
+    trained = tiny_gpt({"rope": True}, block_size=64, n_layer=1)
+    idx = torch.randint(0, 37, (1, 256))
+    with pytest.raises(ValueError, match="exceeds the model's block_size=64"):
+        trained(idx)
+    for scaling in ("linear", "ntk", "dynamic"):
+        scaled = tiny_gpt({"rope": True, "rope_scaling": scaling, "rope_factor": 4.0}, block_size=64, n_layer=1)
+        scaled.load_state_dict(trained.state_dict())  # scaling adds no weights
+        with torch.no_grad():
+            assert torch.isfinite(scaled(idx)).all()
+            unchanged = torch.allclose(scaled(idx[:, :64]), trained(idx[:, :64]), atol=1e-6)
+        assert unchanged == (scaling == "dynamic")  # dynamic NTK changes nothing within the trained length
 
 
 def test_greedy_generation_follows_the_argmax_of_the_full_forward() -> None:

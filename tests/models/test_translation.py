@@ -135,6 +135,11 @@ def test_positions_options_and_errors() -> None:
     assert rope.source_positions is None and rope.encoder[0].self_attn.rotary is not None
     assert rope.decoder[0].cross_attn.rotary is None  # no rotary positions across sequences
     assert tiny(attention={"rope": True}).config.positions == "rope"
+    alibi = tiny(positions="alibi")
+    assert alibi.source_positions is None and alibi.config.attention.position_bias == "alibi"
+    assert tiny(attention={"position_bias": "t5"}).config.positions == "t5"
+    with pytest.raises(ValueError, match="positions='alibi' contradicts attention.position_bias='t5'"):
+        tiny(positions="alibi", attention={"position_bias": "t5"})
     with pytest.raises(ValueError, match="unknown positions 'absolute'.*sinusoidal"):
         tiny(positions="absolute")
     with pytest.raises(ValueError, match="num_heads must be a positive int"):
@@ -169,10 +174,15 @@ ATTENTIONS = [
     {"rope": True},
     {"variant": "sparse", "stride": 3},
     {"variant": "axial", "row_length": 3},
+    {"position_bias": "alibi", "kv_heads": 2},
+    {"position_bias": "t5", "share_bias": False},
 ]
 
 
-@pytest.mark.parametrize("attention", ATTENTIONS, ids=["full", "local", "linear", "rope", "sparse", "axial"])
+IDS = ["full", "local", "linear", "rope", "sparse", "axial", "alibi_gqa", "t5"]
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS, ids=IDS)
 def test_cached_decoding_equals_uncached(attention: dict) -> None:
     model = tiny(attention=attention)
     src, tgt = random_source(), torch.randint(3, 40, (3, 6))

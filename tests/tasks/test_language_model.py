@@ -13,8 +13,9 @@ import torch
 import zoo
 from tests.helpers import run_cli
 from zoo.data.text import TextDataModule
+from zoo.data.tokenizers import train_char_tokenizer
 from zoo.errors import CheckpointError
-from zoo.models.gpt import SamplingConfig
+from zoo.models.gpt import GPT, GPTConfig, SamplingConfig
 from zoo.tasks.language_model import LanguageModelTask, generate_text
 from zoo.tasks.optim import param_groups
 
@@ -99,6 +100,19 @@ def test_max_steps_is_required(corpus: Path, tmp_path: Path) -> None:
     trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, default_root_dir=str(tmp_path))
     with pytest.raises(ValueError, match="trainer.max_steps must be a positive int"):
         trainer.fit(LanguageModelTask(net=dict(NET)), datamodule=data)
+
+
+def test_generate_text_takes_prompts_past_block_size_when_positions_extrapolate() -> None:
+    tokenizer = train_char_tokenizer([TEXT])
+    prompt = "ROMEO: what light through"  # 25 characters, block_size 16
+    torch.manual_seed(0)
+    alibi = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=16, n_layer=1, n_head=2, n_embd=16,
+                          attention={"position_bias": "alibi"}))  # fmt: skip
+    text = generate_text(alibi, tokenizer, prompt, SamplingConfig(max_new_tokens=20, temperature=0.0))
+    assert text.startswith(prompt) and len(text) == 45
+    learned = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=16, n_layer=1, n_head=2, n_embd=16))
+    with pytest.raises(ValueError, match="prompt is 25 tokens long.*block_size=16"):
+        generate_text(learned, tokenizer, prompt, SamplingConfig(max_new_tokens=5))
 
 
 def test_zoo_load_rejects_other_files(tmp_path: Path) -> None:

@@ -2,15 +2,17 @@
 contract (contract.py, registry.py), positions, caches. Imports nothing from zoo but zoo.errors."""
 
 from zoo.attention.axial import AxialAttention
+from zoo.attention.biases import ALiBi, T5RelativeBias, alibi_slopes, relative_position_bucket
 from zoo.attention.blockwise import union_attention
 from zoo.attention.cache import KVCache, LinearAttentionState, RollingKVCache, StaticKVCache
 from zoo.attention.compressed import CompressedAttention
 from zoo.attention.config import AttentionConfig
-from zoo.attention.contract import AttentionKernel, DecodingState, Kernel, TokenLayout
+from zoo.attention.contract import AttentionKernel, DecodingState, HeadLayout, Kernel, ScoreBias, TokenLayout
 from zoo.attention.core import MultiHeadAttention
+from zoo.attention.feature_maps import elu_feature_map, favor_feature_map, orthogonal_random_features
 from zoo.attention.full import FullAttention
-from zoo.attention.functional import dot_product_attention, masked_attention, softmax_attention
-from zoo.attention.linear import LinearAttention, elu_feature_map, quadratic_linear_attention
+from zoo.attention.functional import dot_product_attention, masked_attention, repeat_kv, softmax_attention
+from zoo.attention.linear import LinearAttention, quadratic_linear_attention
 from zoo.attention.local import LocalAttention, sliding_window_attention, sliding_window_mask
 from zoo.attention.positions import (
     LearnedPositionalEmbedding,
@@ -23,12 +25,14 @@ from zoo.attention.sparse import SparseAttention
 
 __all__ = [
     "VARIANTS",
+    "ALiBi",
     "AttentionConfig",
     "AttentionKernel",
     "AxialAttention",
     "CompressedAttention",
     "DecodingState",
     "FullAttention",
+    "HeadLayout",
     "KVCache",
     "Kernel",
     "LearnedPositionalEmbedding",
@@ -38,15 +42,22 @@ __all__ = [
     "MultiHeadAttention",
     "RollingKVCache",
     "RotaryEmbedding",
+    "ScoreBias",
     "SinusoidalPositionalEmbedding",
     "SparseAttention",
     "StaticKVCache",
+    "T5RelativeBias",
     "TokenLayout",
+    "alibi_slopes",
     "build_kernel",
     "dot_product_attention",
     "elu_feature_map",
+    "favor_feature_map",
     "masked_attention",
+    "orthogonal_random_features",
     "quadratic_linear_attention",
+    "relative_position_bucket",
+    "repeat_kv",
     "sinusoidal_positions",
     "sliding_window_attention",
     "sliding_window_mask",

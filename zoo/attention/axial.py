@@ -35,8 +35,8 @@ class AxialAttention(PatternKernel):
         check_positive_int("attention.row_length (variant 'axial')", row_length, allow_none=True)
         self.row_length = row_length
 
-    def setup(self, layout: TokenLayout, *, num_heads: int = 1) -> None:
-        super().setup(layout, num_heads=num_heads)
+    def setup(self, layout: TokenLayout) -> None:
+        super().setup(layout)
         self.prefix = layout.prefix_tokens
         if layout.grid is not None:
             width = layout.grid[1]

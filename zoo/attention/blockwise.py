@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
@@ -34,10 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from zoo.attention.cache import KVCache, new_tokens_padding
-from zoo.attention.contract import Kernel, TokenLayout
-from zoo.attention.functional import masked_attention, softmax_attention
-
-ScoreBias = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from zoo.attention.contract import Kernel, ScoreBias, TokenLayout
+from zoo.attention.functional import masked_attention, repeat_kv, softmax_attention
 PARTS_CACHE_SIZE = 8  # lengths whose parts (and masks) a kernel keeps
 # Sequences up to this length run as one fused SDPA call under the dense (n, n) mask (256 KiB of float mask
 # per batch row): below it the parts' fixed cost per call exceeds the work they save (experiments/results/
@@ -346,18 +343,19 @@ class PatternKernel(Kernel):
     Subclasses give `allowed` (the pattern, for any broadcastable positions) and `parts` (the same pattern
     as disjoint blockwise parts). This class adds the rest of the contract: the dense path for
     need_weights and short sequences, decoding with a KVCache (a new chunk attends under the pattern's
-    rows), and `forward(..., score_bias=)`, an additive bias of positions on both paths (not yet passed by
-    MultiHeadAttention).
+    rows), a position bias (the contract's `bias`, ALiBi or T5) on both paths, and grouped key/value heads
+    (kept grouped in the cache, expanded where the parts compute).
     """
 
     supports_cross_attention = False
+    supports_position_bias = True
 
     def __init__(self) -> None:
         super().__init__()
         self._parts: dict = {}  # (length, causal, device, inference mode) -> parts; see cached_parts
 
-    def setup(self, layout: TokenLayout, *, num_heads: int = 1) -> None:
-        super().setup(layout, num_heads=num_heads)
+    def setup(self, layout: TokenLayout) -> None:
+        super().setup(layout)
         self._parts.clear()  # parts follow the options that setup resolves
 
     def __getstate__(self) -> dict:
@@ -398,20 +396,21 @@ class PatternKernel(Kernel):
         key_padding_mask: torch.Tensor | None = None,
         dropout_p: float = 0.0,
         need_weights: bool = False,
-        score_bias: ScoreBias | None = None,
+        bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The contract's forward, plus an optional additive score bias (see the module docstring)."""
         if q.shape[2] != k.shape[2]:
             raise ValueError(
                 f"{self.name} attention needs as many queries as keys (self-attention), got {q.shape[2]} and "
                 f"{k.shape[2]}"
             )
-        return self._attend(q, k, v, causal, key_padding_mask, dropout_p, need_weights, score_bias)
+        return self._attend(q, k, v, causal, key_padding_mask, dropout_p, need_weights, bias)
 
     def _attend(self, q, k, v, causal, key_padding_mask, dropout_p, need_weights, score_bias=None):
         """Queries at the last q_len positions of the keys. need_weights, fewer queries than keys (decoding)
         and sequences up to DENSE_MAX_LENGTH take the dense (T, S) path."""
         q_len, k_len = q.shape[2], k.shape[2]
+        groups = q.shape[1] // k.shape[1]
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
         if need_weights or q_len != k_len or k_len <= DENSE_MAX_LENGTH:
             allowed = self.dense_mask(q_len, k_len, causal, q.device)
             if key_padding_mask is not None:
@@ -439,8 +438,9 @@ class PatternKernel(Kernel):
         *,
         key_padding_mask: torch.Tensor | None = None,
         need_weights: bool = False,
+        bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Causal: new queries (B, H, t, D) attend to the cached keys and themselves under the pattern.
         The first chunk (a prompt) runs blockwise; later chunks use the pattern's rows, (t, offset + t)."""
         keys, values = cache.append(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
-        return self._attend(q, keys, values, True, cache.key_padding_mask(), 0.0, need_weights)
+        return self._attend(q, keys, values, True, cache.key_padding_mask(), 0.0, need_weights, bias)

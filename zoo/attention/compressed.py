@@ -20,8 +20,8 @@ import math
 import torch
 from torch import nn
 
-from zoo.attention.contract import Kernel, TokenLayout
-from zoo.attention.functional import masked_attention
+from zoo.attention.contract import HeadLayout, Kernel, TokenLayout
+from zoo.attention.functional import masked_attention, repeat_kv
 from zoo.errors import check_positive_int
 
 DEFAULT_COMPRESSION = 4  # compressed_length null: max_length / 4 rows (the paper's k = 128 at n = 512)
@@ -48,8 +48,8 @@ class CompressedAttention(Kernel):
         self.compressed_length = compressed_length
         self.share_projection = share_projection
 
-    def setup(self, layout: TokenLayout, *, num_heads: int = 1) -> None:
-        super().setup(layout, num_heads=num_heads)
+    def setup(self, layout: TokenLayout) -> None:
+        super().setup(layout)
         if layout.max_length is None:
             raise ValueError(
                 "attention variant 'compressed' projects keys along the sequence and needs the model's maximum "
@@ -58,6 +58,10 @@ class CompressedAttention(Kernel):
             )
         self.max_length = layout.max_length
         self.rows = self.compressed_length or -(-layout.max_length // DEFAULT_COMPRESSION)
+
+    def setup_heads(self, heads: HeadLayout) -> None:
+        super().setup_heads(heads)
+        num_heads = heads.num_heads  # grouped key/value heads are expanded first: every query head has its E, F
         shape = (self.rows, self.max_length) if self.share_projection else (num_heads, self.rows, self.max_length)
         self.key_projection = nn.Parameter(torch.empty(shape))
         self.value_projection = nn.Parameter(torch.empty(shape))
@@ -92,6 +96,8 @@ class CompressedAttention(Kernel):
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         length = k.shape[2]
+        groups = q.shape[1] // k.shape[1]
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # no cache here, so nothing to save by keeping G heads
         if causal:
             raise ValueError("attention variant 'compressed' is bidirectional only, got causal=True")
         if length > self.max_length:

@@ -1,10 +1,18 @@
 """AttentionConfig: the settings of conf/attention/*.yaml, shared by every model.
 
-Fields common to every variant (rotary positions, dropout) are named; everything else is an option of a
-kernel (`window` for local, `chunk_size` for local and linear, ...) and lives in `options`. Options are
-given flat, as the YAML files and the command line write them: `AttentionConfig(variant="local",
+Two kinds of settings, by what they configure:
+- Fields configure MultiHeadAttention itself and so apply with every variant: the positions it adds to
+  queries and keys (`rope`, `rope_base`, `rope_scaling`, `rope_factor`), the position bias it hands to the
+  kernel (`position_bias`, and T5's `num_buckets`, `max_distance`, `share_bias`), the shape of its heads
+  (`kv_heads`), and attention `dropout`. Every conf/attention/*.yaml lists all of them.
+- Options configure one kernel (`window` for local, `chunk_size` for local and linear, `feature_map` for
+  linear, ...) and live in `options`; each yaml lists its own variant's.
+Options are given flat, as the YAML files and the command line write them: `AttentionConfig(variant="local",
 window=32)`. An option of another registered variant is carried but not used (a config may set local's
-window for a sweep over every variant); an option no variant has is a one-line error naming the valid ones.
+window for a sweep over every variant), and so are T5's fields without position_bias=t5 and rope_factor
+without a rope_scaling; an option no variant has is a one-line error naming the valid ones, and so is a
+combination the definitions do not allow (a position bias with a kernel that has no scores, RoPE scaling
+without RoPE).
 """
 
 from __future__ import annotations
@@ -12,7 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from zoo.attention.registry import build_kernel, kernel_class, variant_options
+from torch import nn
+
+from zoo.attention.biases import POSITION_BIASES, build_position_bias, check_bucketing
+from zoo.attention.positions import ROPE_SCALINGS
+from zoo.attention.registry import VARIANTS, build_kernel, kernel_class, variant_options
+from zoo.errors import check_choice, check_positive_int
 
 
 @dataclass(init=False)
@@ -20,6 +33,13 @@ class AttentionConfig:
     variant: str = "full"
     rope: bool = False  # rotary positions on queries and keys (self-attention only), with any variant
     rope_base: float = 10000.0
+    rope_scaling: str | None = None  # linear | ntk | dynamic: RoPE past the trained length (needs rope)
+    rope_factor: float = 1.0  # the scaling factor s of rope_scaling
+    position_bias: str | None = None  # alibi | t5: a relative bias on the scores (self-attention only)
+    num_buckets: int = 32  # t5: distance buckets
+    max_distance: int = 128  # t5: distances from here on share the last bucket
+    share_bias: bool = True  # t5: one bias for all layers of a stack (T5) or one per layer
+    kv_heads: int | None = None  # key/value heads (grouped-query attention); None: one per query head
     dropout: float = 0.0  # attention-probability dropout in training
     options: dict[str, Any] = field(default_factory=dict)  # the kernels' own options
 
@@ -28,6 +48,13 @@ class AttentionConfig:
         variant: str = "full",
         rope: bool = False,
         rope_base: float = 10000.0,
+        rope_scaling: str | None = None,
+        rope_factor: float = 1.0,
+        position_bias: str | None = None,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        share_bias: bool = True,
+        kv_heads: int | None = None,
         dropout: float = 0.0,
         options: dict[str, Any] | None = None,
         **kernel_options: Any,
@@ -35,14 +62,42 @@ class AttentionConfig:
         self.variant = variant
         self.rope = rope
         self.rope_base = rope_base
+        self.rope_scaling = rope_scaling
+        self.rope_factor = rope_factor
+        self.position_bias = position_bias
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.share_bias = share_bias
+        self.kv_heads = kv_heads
         self.dropout = dropout
         self.options = {**(options or {}), **kernel_options}
         self._check()
 
     def _check(self) -> None:
-        kernel_class(self.variant)  # a one-line error for an unknown variant
+        kernel = kernel_class(self.variant)  # a one-line error for an unknown variant
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"attention.dropout must be in [0, 1), got {self.dropout!r}")
+        if self.rope_scaling is not None:
+            check_choice("attention.rope_scaling", self.rope_scaling, ROPE_SCALINGS)
+            if not self.rope:
+                raise ValueError(
+                    f"attention.rope_scaling={self.rope_scaling!r} scales RoPE: it needs attention.rope=true"
+                )
+        if isinstance(self.rope_factor, bool) or not isinstance(self.rope_factor, (int, float)) or self.rope_factor < 1:
+            raise ValueError(f"attention.rope_factor must be a number >= 1, got {self.rope_factor!r}")
+        if self.position_bias is not None:
+            check_choice("attention.position_bias", self.position_bias, POSITION_BIASES)
+            if not kernel.supports_position_bias:
+                takers = sorted(name for name, k in VARIANTS.items() if k.supports_position_bias)
+                raise ValueError(
+                    f"attention.position_bias={self.position_bias!r} adds to attention scores, which variant "
+                    f"{self.variant!r} never forms; variants that take a position bias: {takers}"
+                )
+        if self.position_bias == "t5":
+            check_bucketing(self.num_buckets, self.max_distance)
+        if not isinstance(self.share_bias, bool):
+            raise ValueError(f"attention.share_bias must be true or false, got {self.share_bias!r}")
+        check_positive_int("attention.kv_heads", self.kv_heads, allow_none=True)
         known = {name for names in variant_options().values() for name in names}
         unknown = sorted(set(self.options) - known)
         if unknown:
@@ -52,6 +107,17 @@ class AttentionConfig:
                 f"of all variants: {', '.join(sorted(known))}"
             )
         self.build_kernel()  # checks the option values
+
+    @property
+    def relative_positions(self) -> bool:
+        """Positions act inside attention (RoPE or a position bias): models add no absolute position table."""
+        return self.rope or self.position_bias is not None
+
+    @property
+    def extrapolates(self) -> bool:
+        """Made for sequences longer than the trained length (a position bias, or RoPE with a length scaling):
+        models then take them, and their max_length is the trained length, not a limit."""
+        return self.position_bias is not None or self.rope_scaling is not None
 
     def kernel_options(self) -> dict[str, Any]:
         """The options given for the chosen variant (the kernel's defaults fill in the rest)."""
@@ -64,10 +130,21 @@ class AttentionConfig:
             return build_kernel(variant)
         return build_kernel(self.variant, **self.kernel_options())
 
+    def build_position_bias(self, num_heads: int, causal: bool) -> nn.Module | None:
+        """A fresh position bias module for `num_heads` heads, or None without position_bias."""
+        if self.position_bias is None:
+            return None
+        return build_position_bias(
+            self.position_bias, num_heads, causal=causal, num_buckets=self.num_buckets, max_distance=self.max_distance
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The flat form the YAML files use."""
-        return {"variant": self.variant, "rope": self.rope, "rope_base": self.rope_base, "dropout": self.dropout,
-                **self.options}  # fmt: skip
+        return {"variant": self.variant, "rope": self.rope, "rope_base": self.rope_base,
+                "rope_scaling": self.rope_scaling, "rope_factor": self.rope_factor,
+                "position_bias": self.position_bias, "num_buckets": self.num_buckets,
+                "max_distance": self.max_distance, "share_bias": self.share_bias, "kv_heads": self.kv_heads,
+                "dropout": self.dropout, **self.options}  # fmt: skip
 
     def replace(self, **changes: Any) -> AttentionConfig:
         return AttentionConfig(**{**self.to_dict(), **changes})

@@ -2,20 +2,40 @@
 
 A kernel computes attention on heads that are already projected (and rotated, with RoPE):
 
-    kernel(q, k, v, *, causal, key_padding_mask, dropout_p, need_weights) -> (out, weights | None)
+    kernel(q, k, v, *, causal, key_padding_mask, dropout_p, need_weights, bias) -> (out, weights | None)
     kernel.new_cache() -> a DecodingState
-    kernel.decode(q, k, v, cache, *, key_padding_mask, need_weights) -> (out, weights | None)
+    kernel.decode(q, k, v, cache, *, key_padding_mask, need_weights, bias) -> (out, weights | None)
 
-q is (B, H, T, D), k and v (B, H, S, D), key_padding_mask (B, S) bool (True = padding). `weights`, when
+q is (B, H, T, D), k and v (B, G, S, D), key_padding_mask (B, S) bool (True = padding). `weights`, when
 asked for, are the effective attention probabilities (B, H, T, S): zeros where the kernel does not attend.
 Query rows that may attend to no key output zeros. `decode` is always causal: the new queries (B, H, t, D)
 sit after everything the cache has seen; its key_padding_mask covers the new tokens ((B, t), or (B, offset
 + t) of which the last t columns are used) and the cache remembers the padding of earlier keys.
 
+Grouped-query attention (Ainslie et al. 2023): k and v have G = HeadLayout.kv_heads heads, G dividing H
+(G = H: multi-head, G = 1: multi-query). Query head h attends with key/value head h // (H / G), the grouping
+of Llama's `repeat_kv`. Kernels keep k and v with their G heads in caches and states (that is the memory
+GQA saves) and expand them (`zoo.attention.functional.repeat_kv`) only where they compute.
+
+Position bias: `bias`, when not None, is a `ScoreBias`, a callable
+
+    bias(query_positions, key_positions) -> float tensor (..., H, Tq, Tk)
+
+whose value is added to the scaled scores q . k / sqrt(D) before the softmax (ALiBi, T5's relative bias:
+zoo/attention/biases.py). Positions are int64 token positions, absolute (the first token is 0; decoding
+continues at the cache's offset), of shapes (..., Tq) and (..., Tk) with the same leading dims: a blockwise
+kernel asks for all its blocks in one call ((n_blocks, block) queries, (n_blocks, keys) keys). Positions
+outside the sequence (a block's padding, negative ones) may be asked for; those scores are masked anyway.
+Full attention passes bias(arange(S - T, S), arange(S)) to SDPA as a float mask; local attention evaluates
+it per query block. Only kernels with `supports_position_bias = True` are given one (linear attention has
+no scores to add it to; AttentionConfig rejects the combination in one line).
+
 Each kernel is a small `Kernel` (an nn.Module, so that a kernel may own buffers or parameters) built in two
 steps: `Kernel(**options)` takes only the kernel's own options as keyword-only arguments and checks them
-(one-line ValueError); `setup(layout, num_heads=...)` then tells it about the model's token sequences and
-its number of heads. A kernel that is bidirectional only sets `supports_causal = False`. The options a kernel
+(one-line ValueError); `setup(layout)` then tells it about the model's token sequences and
+`setup_heads(heads)` about the heads it will see (kernels that own per-head buffers or parameters, such as
+FAVOR+'s random features or memory-compressed attention's per-head projections, create them there, so that
+checkpoints load). A kernel that is bidirectional only sets `supports_causal = False`. The options a kernel
 accepts are read off its constructor, so adding a variant is one file, one line in zoo/attention/registry.py
 and one conf/attention/<name>.yaml.
 """
@@ -40,11 +60,18 @@ class DecodingState(Protocol):
         """Keep the batch rows `indices` (beam search picks which hypotheses survive)."""
 
 
+class ScoreBias(Protocol):
+    """An additive score bias: int positions (..., Tq) and (..., Tk) -> float (..., H, Tq, Tk)."""
+
+    def __call__(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor: ...
+
+
 @runtime_checkable
 class AttentionKernel(Protocol):
     name: ClassVar[str]
     supports_cross_attention: ClassVar[bool]
     supports_causal: ClassVar[bool]
+    supports_position_bias: ClassVar[bool]
 
     def __call__(
         self,
@@ -56,6 +83,7 @@ class AttentionKernel(Protocol):
         key_padding_mask: torch.Tensor | None = None,
         dropout_p: float = 0.0,
         need_weights: bool = False,
+        bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
     def new_cache(self) -> DecodingState: ...
@@ -69,6 +97,7 @@ class AttentionKernel(Protocol):
         *,
         key_padding_mask: torch.Tensor | None = None,
         need_weights: bool = False,
+        bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 
@@ -81,18 +110,33 @@ class TokenLayout:
     prefix_tokens: int = 0  # tokens before the grid (a class token); they sit at grid position (-1, -1)
 
 
+@dataclass(frozen=True)
+class HeadLayout:
+    """What MultiHeadAttention tells its kernel about the heads: num_heads query heads, kv_heads key/value
+    heads (grouped-query attention: kv_heads divides num_heads), head_dim channels each."""
+
+    num_heads: int
+    kv_heads: int
+    head_dim: int
+
+
 class Kernel(nn.Module):
     """Base of the kernels in this package: the contract above, option discovery, and `setup`."""
 
     name: ClassVar[str] = ""
     supports_cross_attention: ClassVar[bool] = False
     supports_causal: ClassVar[bool] = True
+    supports_position_bias: ClassVar[bool] = False
 
     def setup(self, layout: TokenLayout, *, num_heads: int = 1) -> None:
         """Learn the model's token layout and head count (kernels that need a maximum length, a grid or
         per-head parameters override this)."""
         self.layout = layout
         self.num_heads = num_heads
+
+    def setup_heads(self, heads: HeadLayout) -> None:
+        """Learn the heads' shape (kernels with buffers sized by head_dim override this)."""
+        self.heads = heads
 
     @classmethod
     def option_names(cls) -> list[str]:
@@ -106,11 +150,11 @@ class Kernel(nn.Module):
     def extra_repr(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in self.options().items())
 
-    def forward(self, q, k, v, *, causal=False, key_padding_mask=None, dropout_p=0.0, need_weights=False):
+    def forward(self, q, k, v, *, causal=False, key_padding_mask=None, dropout_p=0.0, need_weights=False, bias=None):
         raise NotImplementedError
 
     def new_cache(self) -> DecodingState:
         raise NotImplementedError
 
-    def decode(self, q, k, v, cache, *, key_padding_mask=None, need_weights=False):
+    def decode(self, q, k, v, cache, *, key_padding_mask=None, need_weights=False, bias=None):
         raise NotImplementedError

@@ -1,9 +1,12 @@
 """MultiHeadAttention: the one attention module every zoo model uses.
 
 The variant (full, local, linear, ...) is a kernel chosen by name from the registry (zoo/attention/
-registry.py) with its own options; rotary positions are applied to queries and keys before any kernel, so
-RoPE combines with all of them. Models never branch on the variant: they build a MultiHeadAttention from
-an AttentionConfig and tell it their token layout (longest sequence, patch grid).
+registry.py) with its own options; rotary positions (optionally length-scaled) are applied to queries and
+keys before any kernel, so RoPE combines with all of them; a position bias (ALiBi, T5: zoo/attention/
+biases.py) is handed to every kernel that forms scores, which adds it per block. Models never branch on the
+variant: they build a MultiHeadAttention from an AttentionConfig and tell it their token layout (longest
+sequence, patch grid); a bias shared across layers is passed in by the stack that owns it
+(zoo.nn.blocks.transformer_stack).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from torch import nn
 
 from zoo.attention.cache import StaticKVCache
 from zoo.attention.config import AttentionConfig
-from zoo.attention.contract import Kernel, TokenLayout
+from zoo.attention.contract import HeadLayout, Kernel, TokenLayout
 from zoo.attention.positions import RotaryEmbedding, grid_positions
 from zoo.attention.registry import causal_variants, cross_attention_variants
 
@@ -26,10 +29,17 @@ class MultiHeadAttention(nn.Module):
 
     Parameters follow torch.nn.MultiheadAttention: one fused input projection `in_proj` (rows q, k, v)
     and `out_proj`, so weights copy across one to one, whatever the variant. Self-attention when `context`
-    is None, cross-attention otherwise (no RoPE across sequences).
+    is None, cross-attention otherwise (no RoPE and no position bias across sequences).
+
+    Grouped-query attention (attention.kv_heads = G, dividing num_heads = H): `in_proj.weight` has
+    (H + 2 G) * head_dim rows: the H query heads, then the G key heads, then the G value heads, head_dim
+    rows each (with G = H exactly the layout above). Query head h attends with key/value head h // (H / G),
+    as Llama's repeat_kv: Llama's q_proj, k_proj, v_proj weights stacked in that order are `in_proj.weight`.
+    Caches hold the G key/value heads.
 
     `attention` is an AttentionConfig (or a variant name); keyword settings (variant=, window=, rope=, ...)
-    are AttentionConfig fields and options and take precedence over it.
+    are AttentionConfig fields and options and take precedence over it. `shared_bias` is a position bias
+    module shared with other layers (T5's one bias per stack); None builds this layer's own from the config.
     """
 
     def __init__(
@@ -41,6 +51,7 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         bias: bool = True,
         layout: TokenLayout | None = None,
+        shared_bias: nn.Module | None = None,
         **settings: Any,
     ) -> None:
         super().__init__()
@@ -57,9 +68,16 @@ class MultiHeadAttention(nn.Module):
         config = attention or AttentionConfig()
         if settings:
             config = config.replace(**settings)
+        kv_heads = config.kv_heads or num_heads
+        if num_heads % kv_heads != 0:
+            divisors = [g for g in range(1, num_heads + 1) if num_heads % g == 0]
+            raise ValueError(
+                f"attention.kv_heads={kv_heads} must divide num_heads={num_heads}; valid choices: {divisors}"
+            )
         self.config = config
         self.dim = dim
         self.num_heads = num_heads
+        self.kv_heads = kv_heads
         self.head_dim = dim // num_heads
         self.causal = causal
         self.dropout = config.dropout
@@ -70,14 +88,29 @@ class MultiHeadAttention(nn.Module):
                 f"attention variant {self.variant!r} is bidirectional only, and this self-attention is causal "
                 f"(GPT, CLIP's text tower, the translation decoder); valid choices: {causal_variants()}"
             )
-        self.kernel.setup(self.layout, num_heads=num_heads)
+        self.kernel.setup(self.layout)
+        self.kernel.setup_heads(HeadLayout(num_heads, kv_heads, self.head_dim))
         grid = self.layout.grid if config.rope else None
-        self.rotary = RotaryEmbedding(self.head_dim, config.rope_base, 2 if grid else 1) if config.rope else None
+        self.rotary = None
+        if config.rope:
+            self.rotary = RotaryEmbedding(
+                self.head_dim, config.rope_base, 2 if grid else 1, config.rope_scaling, config.rope_factor,
+                self.layout.max_length,
+            )  # fmt: skip
         if grid is not None:  # 2-D rotary positions of the patches (the prefix tokens sit at (0, 0))
             self.register_buffer("positions", grid_positions(grid, self.layout.prefix_tokens), persistent=False)
         else:
             self.positions = None
-        self.in_proj = nn.Linear(dim, 3 * dim, bias=bias)
+        if config.position_bias is not None and self.layout.grid is not None:
+            raise ValueError(
+                f"attention.position_bias={config.position_bias!r} biases distances along a token sequence; "
+                "a patch grid (ViT) takes attention.rope=true for its 2-D positions"
+            )
+        if shared_bias is not None and config.position_bias is None:
+            raise ValueError("a shared position bias was given, but attention.position_bias is null")
+        # A shared module is registered in every layer that uses it, like tied weights.
+        self.position_bias = shared_bias if shared_bias is not None else config.build_position_bias(num_heads, causal)
+        self.in_proj = nn.Linear(dim, (num_heads + 2 * kv_heads) * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(dim, dim, bias=bias)
 
     @property
@@ -86,15 +119,18 @@ class MultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         rope = self.rotary is not None
-        return f"dim={self.dim}, heads={self.num_heads}, variant={self.variant}, causal={self.causal}, rope={rope}"
+        return (
+            f"dim={self.dim}, heads={self.num_heads}, kv_heads={self.kv_heads}, variant={self.variant}, "
+            f"causal={self.causal}, rope={rope}"
+        )
 
     def new_cache(self, cross_attention: bool = False) -> Any:
         """A fresh decoding state: the kernel's own for self-attention, a static one for cross-attention."""
         return StaticKVCache() if cross_attention else self.kernel.new_cache()
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = x.shape  # (B, T, C) -> (B, H, T, hd)
-        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        batch, length, _ = x.shape  # (B, T, heads * hd) -> (B, heads, T, hd)
+        return x.view(batch, length, -1, self.head_dim).transpose(1, 2)
 
     def forward(
         self,
@@ -108,12 +144,15 @@ class MultiHeadAttention(nn.Module):
         """x (B, T, C); context (B, S, C) or None; key_padding_mask (B, S) bool, True = padding.
 
         With `cache` (from `new_cache`), x holds only the new tokens and attends to everything cached.
-        `positions` ((T,) or (T, axes) ints) overrides the default 0..T-1 (+ cache offset) for RoPE.
+        `positions` ((T,) or (T, axes) ints) overrides the default 0..T-1 (+ cache offset) for RoPE; a
+        position bias always follows the token order.
         Returns the output (B, T, C), or (output, probabilities (B, H, T, S)) if need_weights.
         """
         batch, length, _ = x.shape
         dropout_p = self.dropout if self.training else 0.0
         if context is None:
+            if positions is not None and self.position_bias is not None:
+                raise ValueError("explicit positions are RoPE's; attention.position_bias follows the token order")
             q, k, v = self._heads_qkv(x)
             if self.rotary is not None:  # default positions continue after the cached tokens
                 offset = cache.offset if cache is not None else 0
@@ -122,12 +161,13 @@ class MultiHeadAttention(nn.Module):
                 q, k = self.rotary.rotate_queries_keys(q, k, positions, offset)
             if cache is not None:
                 out, weights = self.kernel.decode(
-                    q, k, v, cache, key_padding_mask=key_padding_mask, need_weights=need_weights
-                )
+                    q, k, v, cache, key_padding_mask=key_padding_mask, need_weights=need_weights,
+                    bias=self.position_bias,
+                )  # fmt: skip
             else:
                 out, weights = self.kernel(
                     q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
-                    need_weights=need_weights,
+                    need_weights=need_weights, bias=self.position_bias,
                 )  # fmt: skip
         else:
             if not self.kernel.supports_cross_attention:
@@ -135,10 +175,9 @@ class MultiHeadAttention(nn.Module):
                     f"cross-attention is not supported by variant {self.variant!r}; valid choices: "
                     f"{cross_attention_variants()}"
                 )
-            w_q, w_kv = self.in_proj.weight.split([self.dim, 2 * self.dim])
-            b_q, b_kv = (
-                self.in_proj.bias.split([self.dim, 2 * self.dim]) if self.in_proj.bias is not None else (None, None)
-            )
+            sizes = [self.dim, 2 * self.kv_heads * self.head_dim]
+            w_q, w_kv = self.in_proj.weight.split(sizes)
+            b_q, b_kv = self.in_proj.bias.split(sizes) if self.in_proj.bias is not None else (None, None)
             q = self._heads(F.linear(x, w_q, b_q))
             if cache is not None and cache.keys is not None:
                 k, v = cache.keys, cache.values
@@ -154,4 +193,5 @@ class MultiHeadAttention(nn.Module):
         return (out, weights) if need_weights else out
 
     def _heads_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return tuple(self._heads(t) for t in self.in_proj(x).chunk(3, dim=-1))
+        kv_dim = self.kv_heads * self.head_dim
+        return tuple(self._heads(t) for t in self.in_proj(x).split([self.dim, kv_dim, kv_dim], dim=-1))

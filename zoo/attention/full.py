@@ -5,15 +5,17 @@ from __future__ import annotations
 import torch
 
 from zoo.attention.cache import KVCache, new_tokens_padding
-from zoo.attention.contract import Kernel
-from zoo.attention.functional import dot_product_attention
+from zoo.attention.contract import Kernel, ScoreBias
+from zoo.attention.functional import dot_product_attention, evaluate_bias
 
 
 class FullAttention(Kernel):
-    """softmax(q k^T / sqrt(d)) v over all keys: O(n^2) time, fused kernels keep memory O(n). No options."""
+    """softmax(q k^T / sqrt(d) + bias) v over all keys: O(n^2) time, fused kernels keep memory O(n) (a position
+    bias is an (H, n, n) float mask). No options."""
 
     name = "full"
     supports_cross_attention = True
+    supports_position_bias = True
 
     def forward(
         self,
@@ -25,11 +27,14 @@ class FullAttention(Kernel):
         key_padding_mask: torch.Tensor | None = None,
         dropout_p: float = 0.0,
         need_weights: bool = False,
+        bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """q (B, H, T, D), k/v (B, H, S, D) -> (B, H, T, D) and, if asked, probabilities (B, H, T, S)."""
+        """q (B, H, T, D), k/v (B, G, S, D) -> (B, H, T, D) and, if asked, probabilities (B, H, T, S)."""
+        scores_bias = None if bias is None else evaluate_bias(bias, q.shape[2], k.shape[2], q.device)
         return dot_product_attention(
-            q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p, need_weights=need_weights
-        )
+            q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
+            need_weights=need_weights, bias=scores_bias,
+        )  # fmt: skip
 
     def new_cache(self) -> KVCache:
         return KVCache()
@@ -43,13 +48,17 @@ class FullAttention(Kernel):
         *,
         key_padding_mask: torch.Tensor | None = None,
         need_weights: bool = False,
+        bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """New queries/keys/values (B, H, t, D) attend causally to the cache plus themselves.
+        """New queries (B, H, t, D) and keys/values (B, G, t, D) attend causally to the cache plus themselves.
 
         key_padding_mask: (B, t) for the new tokens or (B, offset + t); the cache keeps past padding.
+        The cache holds every key from position 0, so the bias rows are those of positions offset ... offset + t - 1.
         Weights, if asked, cover all keys so far: (B, H, t, offset + t).
         """
         keys, values = cache.append(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
+        scores_bias = None if bias is None else evaluate_bias(bias, q.shape[2], keys.shape[2], q.device)
         return dot_product_attention(
-            q, keys, values, causal=True, key_padding_mask=cache.key_padding_mask(), need_weights=need_weights
-        )
+            q, keys, values, causal=True, key_padding_mask=cache.key_padding_mask(), need_weights=need_weights,
+            bias=scores_bias,
+        )  # fmt: skip

@@ -1,5 +1,6 @@
 """The attention math every kernel shares: the O(n^2) masked softmax formula (the reference every fast
-path is checked against), softmax attention under a boolean mask through fused SDPA, and masks."""
+path is checked against), softmax attention under a boolean mask and an additive score bias through fused
+SDPA, masks, and the expansion of grouped key/value heads."""
 
 from __future__ import annotations
 
@@ -12,6 +13,22 @@ import torch.nn.functional as F
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """bool (True = may attend) -> float 0 / -inf, the form the fused CPU kernel takes without a copy."""
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
+def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """(B, G, S, D) -> (B, G * groups, S, D): key/value head g serves query heads g * groups ... (g + 1) *
+    groups - 1, as Llama's repeat_kv (grouped-query attention, Ainslie et al. 2023)."""
+    if groups == 1:
+        return x
+    batch, heads, length, dim = x.shape
+    return x[:, :, None].expand(batch, heads, groups, length, dim).reshape(batch, heads * groups, length, dim)
+
+
+def evaluate_bias(bias, q_len: int, k_len: int, device: torch.device, start: int = 0) -> torch.Tensor:
+    """A ScoreBias (zoo/attention/contract.py) at queries start + k_len - q_len ... and keys start ... start +
+    k_len - 1 (the queries are the last q_len positions): (H, q_len, k_len)."""
+    keys = torch.arange(start, start + k_len, device=device)
+    return bias(keys[k_len - q_len :], keys)
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device, offset: int | None = None) -> torch.Tensor:
@@ -52,8 +69,10 @@ def masked_attention(
     allowed: torch.Tensor | None,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Softmax attention under a bool mask `allowed` (True = may attend, broadcastable to (B, H, T, S)).
+    """Softmax attention under a bool mask `allowed` (True = may attend, broadcastable to (B, H, T, S)) with an
+    additive score bias (float, broadcastable to (B, H, T, S)) if given; k and v may have grouped heads.
 
     Query rows with no allowed key (e.g. padded queries under a causal mask) output zeros; they are
     unmasked before the softmax and zeroed after it, so neither outputs nor gradients become NaN.
@@ -65,11 +84,19 @@ def masked_attention(
             allowed = allowed | empty
         else:
             empty = None
-    if need_weights:
-        out, probs = softmax_attention(q, k, v, allowed, dropout_p)
+    mask = allowed
+    if bias is not None:
+        bias = bias.to(q.dtype)
+        mask = bias if allowed is None else torch.where(allowed, bias, float("-inf"))
+    if need_weights:  # the explicit formula needs every query head's keys; SDPA groups heads itself
+        groups = q.shape[1] // k.shape[1]
+        out, probs = softmax_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), mask, dropout_p)
     else:
-        mask = None if allowed is None else additive_mask(allowed, q.dtype)
-        out, probs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+        if mask is not None and mask.dtype == torch.bool:
+            mask = additive_mask(mask, q.dtype)
+        gqa = q.shape[1] != k.shape[1]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
+        probs = None
     if empty is not None:
         out = out.masked_fill(empty, 0.0)
         probs = None if probs is None else probs.masked_fill(empty, 0.0)
@@ -85,18 +112,21 @@ def dot_product_attention(
     key_padding_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """softmax(q k^T / sqrt(d)) v over all keys. Causal with fewer queries than keys: the queries are the
-    last positions (decoding). Without a padding mask or weights this is one fused SDPA call."""
+    """softmax(q k^T / sqrt(d) + bias) v over all keys; k and v may have grouped heads (B, G, S, D). Causal
+    with fewer queries than keys: the queries are the last positions (decoding). Without a padding mask,
+    weights or bias this is one fused SDPA call; a bias (H, T, S) rides along as a float mask."""
     q_len, k_len = q.shape[2], k.shape[2]
     if causal and q_len == 1:
         causal = False  # a single newest query sees every key
-    if key_padding_mask is None and not need_weights and not (causal and q_len != k_len):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p), None
+    if key_padding_mask is None and not need_weights and bias is None and not (causal and q_len != k_len):
+        gqa = q.shape[1] != k.shape[1]
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p, enable_gqa=gqa), None
     allowed = None
     if key_padding_mask is not None:
         allowed = ~key_padding_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
     if causal:
         band = causal_mask(q_len, k_len, q.device)
         allowed = band if allowed is None else allowed & band
-    return masked_attention(q, k, v, allowed, dropout_p, need_weights)
+    return masked_attention(q, k, v, allowed, dropout_p, need_weights, bias)

@@ -1,52 +1,47 @@
 """Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs").
 
-With a positive feature map phi(x) = elu(x) + 1 in place of exp(q . k), attention factorises
-(eq. 4-6):  out_i = phi(q_i)^T S / (phi(q_i)^T z + eps),  S = sum_j phi(k_j) v_j^T,  z = sum_j phi(k_j).
-Bidirectional: one pass in O(n d^2). Causal: the sums run over j <= i; computed in chunks, with a
-quadratic causal product inside each chunk and the state of all earlier chunks from one cumulative
-sum over per-chunk states (no loop over tokens or chunks). Decoding keeps only [S | z] (eq. 18-20).
+With a non-negative feature map phi in place of exp(q . k / sqrt(d)) (zoo/attention/feature_maps.py: elu + 1,
+ReLU, or Performer's FAVOR+ random features), attention factorises (eq. 4-6):
+out_i = phi(q_i)^T S / (phi(q_i)^T z + eps),  S = sum_j phi(k_j) v_j^T,  z = sum_j phi(k_j).
+Bidirectional: one pass in O(n F d) (F features per head). Causal: the sums run over j <= i; computed in
+chunks, with a quadratic causal product inside each chunk and the state of all earlier chunks from one
+cumulative sum over per-chunk states (no loop over tokens or chunks). Decoding keeps only [S | z] (eq. 18-20),
+per key/value head (grouped-query attention shares one state among the query heads of a group).
 
 The denominator rides along as an extra column of ones appended to v, so one matmul yields both.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
 from zoo.attention.cache import LinearAttentionState, new_tokens_padding
-from zoo.attention.contract import Kernel
-from zoo.errors import check_positive_int
+from zoo.attention.contract import HeadLayout, Kernel
+from zoo.attention.feature_maps import (
+    FEATURE_MAPS,
+    default_num_features,
+    elu_feature_map,
+    favor_feature_map,
+    orthogonal_random_features,
+    relu_feature_map,
+)
+from zoo.attention.functional import repeat_kv
+from zoo.errors import check_choice, check_positive_int
 
 EPS = 1e-6  # added to the normaliser, as in the paper's code
 # Tokens per chunk of the causal kernel, chosen by measurement (experiments/results/recipes.md): smaller
 # chunks mean more per-chunk states, larger ones a bigger quadratic part.
 DEFAULT_CHUNK_SIZE = 64
 
-
-class _EluPlusOne(torch.autograd.Function):
-    """elu(x) + 1 = exp(min(x, 0)) + max(x, 0), and its derivative min(elu(x) + 1, 1): exp(x) below
-    zero, 1 above. Faster than F.elu(x) + 1 in both directions (experiments/results/recipes.md)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        # Contiguous output (x is often a strided view of the fused projection), and as few fresh
-        # allocations as possible: on the CPU each large one costs page faults.
-        y = torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
-        negative_part = y.clamp(max=0.0).exp_()
-        y.clamp_(min=0.0).add_(negative_part)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        (y,) = ctx.saved_tensors
-        return y.clamp(max=1.0).mul_(grad)
+# phi(x, is_query): queries and keys may be mapped differently (FAVOR+ stabilises queries only).
+FeatureMap = Callable[[torch.Tensor, bool], torch.Tensor]
 
 
-def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
-    """phi(x) = elu(x) + 1 > 0 (Katharopoulos et al. 2020, eq. 7)."""
-    return _EluPlusOne.apply(x)
+def _elu(x: torch.Tensor, is_query: bool) -> torch.Tensor:
+    return elu_feature_map(x)
 
 
 def _features(
@@ -55,6 +50,7 @@ def _features(
     v: torch.Tensor,
     key_padding_mask: torch.Tensor | None,
     dropout_p: float,
+    feature_map: FeatureMap = _elu,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """phi(q), phi(k) with padded keys zeroed (they contribute nothing), and [v | 1].
 
@@ -63,7 +59,7 @@ def _features(
     shared by all queries (per-entry masks would need the n x n matrix); like softmax attention
     dropout it leaves the expected output unchanged.
     """
-    phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)
+    phi_q, phi_k = feature_map(q, True), feature_map(k, False)
     if key_padding_mask is not None:
         phi_k = phi_k.masked_fill(key_padding_mask.bool()[:, None, :, None], 0.0)
     if dropout_p > 0.0:
@@ -86,10 +82,13 @@ def quadratic_linear_attention(
     causal: bool = False,
     key_padding_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
+    feature_map: FeatureMap = _elu,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same attention through the explicit (T, S) matrix phi(q) phi(k)^T (eq. 4): the reference,
     and the normalised weights (B, H, T, S) for need_weights. Causal queries sit at the last positions."""
-    phi_q, phi_k, values = _features(q, k, v, key_padding_mask, dropout_p)
+    phi_q, phi_k, values = _features(q, k, v, key_padding_mask, dropout_p, feature_map)
+    groups = q.shape[1] // k.shape[1]
+    phi_k, values = repeat_kv(phi_k, groups), repeat_kv(values, groups)
     scores = phi_q @ phi_k.transpose(-2, -1)  # (B, H, T, S)
     if causal:
         q_len, k_len = q.shape[2], k.shape[2]
@@ -100,8 +99,12 @@ def quadratic_linear_attention(
 
 
 def _bidirectional(phi_q: torch.Tensor, phi_k: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """O(n d^2): [S | z] = phi(K)^T [V | 1] once, then phi(Q) [S | z]."""
-    return phi_q @ (phi_k.transpose(-2, -1) @ values)
+    """O(n F d): [S | z] = phi(K)^T [V | 1] once per key/value head, then phi(Q) [S | z] for its query heads."""
+    batch, heads, length, features = phi_q.shape
+    kv_heads = phi_k.shape[1]
+    state = phi_k.transpose(-2, -1) @ values  # (B, G, F, E)
+    grouped = phi_q.reshape(batch, kv_heads, (heads // kv_heads) * length, features)  # query heads of a group
+    return (grouped @ state).view(batch, heads, length, -1)
 
 
 def causal_linear_attention(
@@ -111,27 +114,25 @@ def causal_linear_attention(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked causal linear attention on features: (B, H, T, D), (B, H, T, D), (B, H, T, E).
+    """Chunked causal linear attention on features: (B, H, T, D), (B, G, T, D), (B, G, T, E), G dividing H.
 
-    `state` (B, H, D, E) sums the tokens before this call. Returns the unnormalised [numerator |
-    denominator] (B, H, T, E) and the state after the last token.
+    `state` (B, G, D, E) sums the tokens before this call. Returns the unnormalised [numerator |
+    denominator] (B, H, T, E) and the state (B, G, D, E) after the last token.
     """
     batch, heads, length, dim = phi_q.shape
-    width = values.shape[-1]
+    kv_heads, width = phi_k.shape[1], values.shape[-1]
+    groups = heads // kv_heads
     chunk = max(1, min(chunk_size, length))
     n_chunks = -(-length // chunk)
     padded = n_chunks * chunk
     if padded != length:  # zero features: padding contributes nothing, its outputs are dropped
         pad = (0, 0, 0, padded - length)
         phi_q, phi_k, values = F.pad(phi_q, pad), F.pad(phi_k, pad), F.pad(values, pad)
-    # (B * H * nc, C, .): the chunks as one batch of small matrices.
-    q_chunks = phi_q.reshape(-1, chunk, dim)
+    # (B * G * nc, C, .): the chunks as one batch of small matrices.
     k_chunks = phi_k.reshape(-1, chunk, dim)
     v_chunks = values.reshape(-1, chunk, width)
-    # Inside a chunk: the quadratic form with a causal mask, (C, C) per chunk.
-    scores = torch.bmm(q_chunks, k_chunks.transpose(1, 2)).tril_()
-    # Across chunks: each chunk's phi(K)^T [V | 1], summed over all earlier chunks.
-    chunk_states = torch.bmm(k_chunks.transpose(1, 2), v_chunks).view(batch, heads, n_chunks, dim, width)
+    # Across chunks: each chunk's phi(K)^T [V | 1] (per key/value head), summed over all earlier chunks.
+    chunk_states = torch.bmm(k_chunks.transpose(1, 2), v_chunks).view(batch, kv_heads, n_chunks, dim, width)
     sum_dtype = torch.promote_types(chunk_states.dtype, torch.float32)  # long sums in fp32 also for bf16
     inclusive = chunk_states.cumsum(dim=2, dtype=sum_dtype)
     exclusive = torch.cat([torch.zeros_like(inclusive[:, :, :1]), inclusive[:, :, :-1]], dim=2)
@@ -139,15 +140,27 @@ def causal_linear_attention(
     if state is not None:
         exclusive = exclusive + state[:, :, None]
         final = final + state
-    exclusive = exclusive.to(phi_q.dtype).reshape(-1, dim, width)
+    exclusive = exclusive.to(phi_q.dtype)
+    if groups > 1:  # every query head of a group reads its key/value head's states and chunks
+        exclusive = exclusive[:, :, None].expand(batch, kv_heads, groups, n_chunks, dim, width)
+        k_chunks = repeat_kv(phi_k, groups).reshape(-1, chunk, dim)
+        v_chunks = repeat_kv(values, groups).reshape(-1, chunk, width)
+    exclusive = exclusive.reshape(-1, dim, width)
+    q_chunks = phi_q.reshape(-1, chunk, dim)  # (B * H * nc, C, D)
+    # Inside a chunk: the quadratic form with a causal mask, (C, C) per chunk.
+    scores = torch.bmm(q_chunks, k_chunks.transpose(1, 2)).tril_()
     out = torch.bmm(scores, v_chunks).baddbmm_(q_chunks, exclusive)  # intra + inter, (B * H * nc, C, E)
     return out.reshape(batch, heads, padded, width)[:, :, :length], final
 
 
 class LinearAttention(Kernel):
-    """Linear attention with the elu + 1 feature map; a recurrent state of O(1) memory for decoding.
+    """Linear attention with a recurrent state of O(1) memory for decoding.
 
-    Option `chunk_size`: the chunk length of the causal kernel (None: the measured default, 64).
+    Options: `chunk_size` (the chunk length of the causal kernel; None: the measured default, 64),
+    `feature_map` (elu | relu | favor, zoo/attention/feature_maps.py), and for favor `num_features` (random
+    features per head; None: Performer's head_dim * ln(head_dim)) and `redraw_interval` (training forward
+    passes between fresh draws of the features, as Performer's feature_redraw_interval; None: never). The
+    features are a buffer: fixed in eval and in decoding, and saved in checkpoints.
     need_weights returns the explicit normalised weights phi(q_i) . phi(k_j) / sum_j(...) from the
     quadratic formula, materialising (T, S): for inspecting small inputs only.
     """
@@ -155,10 +168,49 @@ class LinearAttention(Kernel):
     name = "linear"
     supports_cross_attention = True
 
-    def __init__(self, *, chunk_size: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        chunk_size: int | None = None,
+        feature_map: str = "elu",
+        num_features: int | None = None,
+        redraw_interval: int | None = 1000,
+    ) -> None:
         super().__init__()
         check_positive_int("attention.chunk_size", chunk_size, allow_none=True)
+        check_choice("attention.feature_map", feature_map, FEATURE_MAPS)
+        check_positive_int("attention.num_features", num_features, allow_none=True)
+        check_positive_int("attention.redraw_interval", redraw_interval, allow_none=True)
         self.chunk_size = chunk_size
+        self.feature_map = feature_map
+        self.num_features = num_features
+        self.redraw_interval = redraw_interval
+        # FAVOR+'s features (num_features, head_dim) and the redraw counter, created in setup_heads.
+        self.register_buffer("projection", None)
+        self.register_buffer("forwards_since_redraw", None)
+
+    def setup_heads(self, heads: HeadLayout) -> None:
+        super().setup_heads(heads)
+        if self.feature_map == "favor":
+            rows = self.num_features or default_num_features(heads.head_dim)
+            self.register_buffer("projection", orthogonal_random_features(rows, heads.head_dim))
+            self.register_buffer("forwards_since_redraw", torch.zeros((), dtype=torch.long))
+
+    def redraw_features(self) -> None:
+        """A fresh draw of FAVOR+'s random features (from torch's global generator)."""
+        rows, dim = self.projection.shape
+        # A new tensor, not an in-place copy: a graph that still holds the old features stays valid.
+        self.projection = orthogonal_random_features(rows, dim).to(self.projection)
+        self.forwards_since_redraw.zero_()
+
+    def _phi(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
+        if self.feature_map == "elu":
+            return elu_feature_map(x)
+        if self.feature_map == "relu":
+            return relu_feature_map(x)
+        if self.projection is None:
+            raise ValueError("feature_map 'favor' draws its features in setup_heads(HeadLayout(...)); call it first")
+        return favor_feature_map(x, self.projection, is_query)
 
     def forward(
         self,
@@ -170,16 +222,21 @@ class LinearAttention(Kernel):
         key_padding_mask: torch.Tensor | None = None,
         dropout_p: float = 0.0,
         need_weights: bool = False,
+        bias: None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if causal and q.shape[2] != k.shape[2]:
             raise ValueError(
                 f"causal linear attention needs as many queries as keys, got {q.shape[2]} and {k.shape[2]}"
             )
+        if self.training and self.projection is not None and self.redraw_interval is not None:
+            if int(self.forwards_since_redraw) >= self.redraw_interval:
+                self.redraw_features()
+            self.forwards_since_redraw += 1
         if need_weights:
             return quadratic_linear_attention(
-                q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p
+                q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p, feature_map=self._phi
             )
-        phi_q, phi_k, values = _features(q, k, v, key_padding_mask, dropout_p)
+        phi_q, phi_k, values = _features(q, k, v, key_padding_mask, dropout_p, self._phi)
         if causal:
             out, _ = causal_linear_attention(phi_q, phi_k, values, self.chunk_size or DEFAULT_CHUNK_SIZE)
         else:
@@ -198,11 +255,13 @@ class LinearAttention(Kernel):
         *,
         key_padding_mask: torch.Tensor | None = None,
         need_weights: bool = False,
+        bias: None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """New tokens (B, H, t, D) continue the recurrence from `cache.state` (Katharopoulos et al. eq. 18-20)."""
+        """New tokens (B, H, t, D), keys/values (B, G, t, D) continue the recurrence from `cache.state`
+        (B, G, F, D + 1) (Katharopoulos et al. eq. 18-20). The features never change while decoding."""
         if need_weights:
             raise ValueError("need_weights is not available when decoding with variant 'linear' (no keys are kept)")
-        phi_q, phi_k, values = _features(q, k, v, new_tokens_padding(key_padding_mask, k.shape[2]), 0.0)
+        phi_q, phi_k, values = _features(q, k, v, new_tokens_padding(key_padding_mask, k.shape[2]), 0.0, self._phi)
         chunk = self.chunk_size or DEFAULT_CHUNK_SIZE
         out, cache.state = causal_linear_attention(phi_q, phi_k, values, chunk, cache.state)
         cache.offset += k.shape[2]

@@ -3,7 +3,8 @@
 Causal: the previous `window` positions including itself; bidirectional: `window // 2` on each side
 (the local band of Longformer, Beltagy et al. 2020; the sliding window of Mistral, Jiang et al. 2023).
 Exactly full softmax attention under the banded mask, computed blockwise in O(n * window) time and
-memory: no (n, n) tensor is ever allocated.
+memory: no (n, n) tensor is ever allocated. A position bias (zoo/attention/contract.py) is evaluated per
+query block, for that block's keys only; grouped key/value heads stay grouped (SDPA's enable_gqa).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import torch.nn.functional as F
 
 from zoo.attention.blockwise import blocked_windows
 from zoo.attention.cache import RollingKVCache, new_tokens_padding
-from zoo.attention.contract import Kernel
-from zoo.attention.functional import additive_mask, dot_product_attention, masked_attention
+from zoo.attention.contract import Kernel, ScoreBias
+from zoo.attention.functional import additive_mask, dot_product_attention, evaluate_bias, masked_attention
 from zoo.errors import check_positive_int
 
 # Queries per block, chosen by measurement (experiments/results/recipes.md):
@@ -104,16 +105,25 @@ def _blockwise_sliding_window(
     key_padding_mask: torch.Tensor | None,
     dropout_p: float,
     block: int,
+    bias: ScoreBias | None = None,
+    start: int = 0,
 ) -> torch.Tensor:
     """Query blocks folded into the batch dimension, so one 4-D SDPA call runs the fused CPU kernel
-    (5-D inputs would fall back to the slow math path); each block attends to its block + window keys."""
+    (5-D inputs would fall back to the slow math path); each block attends to its block + window keys.
+    Token i sits at position start + i (for the bias)."""
     batch, heads, length, dim = q.shape
     block = min(block, length)
     n_blocks = -(-length // block)
     padded = n_blocks * block
     left, right = _band_extent(window, causal, length)
-    keys = blocked_windows(k, left, right, block, n_blocks)  # (B * nb, H, K, D)
+    keys = blocked_windows(k, left, right, block, n_blocks)  # (B * nb, G, K, D)
     values = blocked_windows(v, left, right, block, n_blocks)
+    block_bias = None
+    if bias is not None:  # every block's queries and keys in one call: (nb, H, C, K), repeated over the batch
+        first = start + block * torch.arange(n_blocks, device=q.device)[:, None]  # (nb, 1)
+        query_positions = first + torch.arange(block, device=q.device)
+        key_positions = first - left + torch.arange(left + block + right, device=q.device)
+        block_bias = bias(query_positions, key_positions).to(q.dtype).repeat(batch, 1, 1, 1)  # (B * nb, H, C, K)
     queries = q.transpose(1, 2)  # (B, n, H, D)
     if padded != length:
         queries = F.pad(queries, (0, 0, 0, 0, 0, padded - length))
@@ -122,10 +132,13 @@ def _blockwise_sliding_window(
         mask = _cached_block_mask(
             batch, length, window, causal, block, q.device, q.dtype, torch.is_inference_mode_enabled()
         )
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout_p)
+        if block_bias is not None:
+            mask = mask + block_bias
+        gqa = heads != k.shape[1]
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
     else:
         allowed = _block_allowed(batch, length, window, causal, block, key_padding_mask, q.device)
-        out, _ = masked_attention(queries, keys, values, allowed[:, None], dropout_p)
+        out, _ = masked_attention(queries, keys, values, allowed[:, None], dropout_p, bias=block_bias)
     # The fused kernel lays its output out as (B * nb, C, H, D), so this reshape is a view there.
     out = out.transpose(1, 2).reshape(batch, padded, heads, dim)[:, :length]
     return out.transpose(1, 2)
@@ -142,25 +155,32 @@ def sliding_window_attention(
     dropout_p: float = 0.0,
     need_weights: bool = False,
     block_size: int = DEFAULT_BLOCK_SIZE,
+    bias: ScoreBias | None = None,
+    start: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q (B, H, T, D), k/v (B, H, S, D), T <= S with the queries at the last T positions.
+    """q (B, H, T, D), k/v (B, G, S, D), T <= S with the queries at the last T positions; key j sits at
+    position start + j (for the bias: decoding passes the position of its oldest kept key).
 
     need_weights materialises the (T, S) banded probabilities: for inspecting small inputs only.
     """
     q_len, k_len = q.shape[2], k.shape[2]
     covers_all = window >= k_len if causal else window // 2 >= k_len - 1
+    scores_bias = None
+    if bias is not None and (covers_all or need_weights):
+        scores_bias = evaluate_bias(bias, q_len, k_len, q.device, start)
     if covers_all:  # the band holds every key: plain (causal) attention
         return dot_product_attention(
-            q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p, need_weights=need_weights
-        )
+            q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
+            need_weights=need_weights, bias=scores_bias,
+        )  # fmt: skip
     if need_weights:
         allowed = sliding_window_mask(q_len, k_len, window, causal, q.device)
         if key_padding_mask is not None:
             allowed = allowed & ~key_padding_mask.bool()[:, None, None, :]
-        return masked_attention(q, k, v, allowed, dropout_p, need_weights=True)
+        return masked_attention(q, k, v, allowed, dropout_p, need_weights=True, bias=scores_bias)
     if q_len < k_len:  # decoding a chunk after cached keys: give those keys dummy queries
         q = F.pad(q, (0, 0, k_len - q_len, 0))
-    out = _blockwise_sliding_window(q, k, v, window, causal, key_padding_mask, dropout_p, block_size)
+    out = _blockwise_sliding_window(q, k, v, window, causal, key_padding_mask, dropout_p, block_size, bias, start)
     return out[:, :, k_len - q_len :], None
 
 
@@ -173,6 +193,7 @@ class LocalAttention(Kernel):
 
     name = "local"
     supports_cross_attention = False
+    supports_position_bias = True
 
     def __init__(self, *, window: int = 256, chunk_size: int | None = None) -> None:
         super().__init__()
@@ -192,6 +213,7 @@ class LocalAttention(Kernel):
         key_padding_mask: torch.Tensor | None = None,
         dropout_p: float = 0.0,
         need_weights: bool = False,
+        bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if q.shape[2] != k.shape[2]:
             raise ValueError(
@@ -199,7 +221,7 @@ class LocalAttention(Kernel):
             )
         return sliding_window_attention(
             q, k, v, self.window, causal=causal, key_padding_mask=key_padding_mask,
-            dropout_p=dropout_p, need_weights=need_weights, block_size=self.block_size,
+            dropout_p=dropout_p, need_weights=need_weights, block_size=self.block_size, bias=bias,
         )  # fmt: skip
 
     def new_cache(self) -> RollingKVCache:
@@ -214,6 +236,7 @@ class LocalAttention(Kernel):
         *,
         key_padding_mask: torch.Tensor | None = None,
         need_weights: bool = False,
+        bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Causal: new queries (B, H, t, D) see the last window - 1 cached keys and themselves.
 
@@ -222,5 +245,5 @@ class LocalAttention(Kernel):
         keys, values, padding = cache.extend(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
         return sliding_window_attention(
             q, keys, values, self.window, causal=True, key_padding_mask=padding,
-            need_weights=need_weights, block_size=self.block_size,
+            need_weights=need_weights, block_size=self.block_size, bias=bias, start=cache.offset - keys.shape[2],
         )  # fmt: skip

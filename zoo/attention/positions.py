@@ -1,4 +1,12 @@
-"""Position encodings: rotary (1D and axial N-D), sinusoidal and learned absolute."""
+"""Position encodings: rotary (1D and axial N-D, with length scaling), sinusoidal and learned absolute.
+
+RoPE length scaling (attention.rope_scaling, attention.rope_factor = s), for running a model past the length
+L it was trained on (TokenLayout.max_length):
+    linear   position interpolation (Chen et al. 2023): position p is rotated as p / s
+    ntk      static NTK-aware scaling (bloc97 2023): base -> base * s^(d / (d - 2)), d the rotated dims
+    dynamic  dynamic NTK (as transformers' "dynamic" rope type): for a sequence of n > L tokens the base is
+             base * (s n / L - (s - 1))^(d / (d - 2)); up to L tokens the plain base
+"""
 
 from __future__ import annotations
 
@@ -7,11 +15,21 @@ import math
 import torch
 from torch import nn
 
+from zoo.errors import check_choice
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """(x1, x2) -> (-x2, x1) on the two halves of the last dimension (GPT-NeoX / LLaMA convention)."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+
+
+ROPE_SCALINGS = ("linear", "ntk", "dynamic")
+
+
+def inverse_frequencies(dim: int, base: float | torch.Tensor) -> torch.Tensor:
+    """RoPE's base^(-2i / dim) for i = 0 .. dim / 2 - 1, float32 (the computation of GPT-NeoX / LLaMA)."""
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
 
 
 class RotaryEmbedding(nn.Module):
@@ -21,29 +39,74 @@ class RotaryEmbedding(nn.Module):
     (image patches: n_axes=2). With n axes the head dimension is split into n equal parts and each
     part is rotated by its own coordinate, as in axial 2D RoPE for ViTs (Heo et al. 2024).
 
+    `scaling` (linear | ntk | dynamic, with `factor`; see the module docstring) stretches 1-D RoPE past the
+    `trained_length`. Dynamic scaling depends on the length n = largest position + 1 of each call, as in
+    transformers: a decoding step at position p rotates its key with the base of p + 1 tokens, and keys
+    cached earlier keep theirs, so past the trained length cached decoding differs from a full forward
+    (transformers' behaviour too). Unlike transformers' module, which keeps the largest base it has seen,
+    each call here depends on its own positions only.
+
     Angles are always computed in float32 (the frequencies are not a buffer, so `model.half()` cannot
     round them). Consecutive positions start..start+T-1 (the default, and decoding from a cache
     offset) come from a cached cos/sin table; explicit positions are computed directly.
     """
 
-    def __init__(self, head_dim: int, base: float = 10000.0, n_axes: int = 1) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        n_axes: int = 1,
+        scaling: str | None = None,
+        factor: float = 1.0,
+        trained_length: int | None = None,
+    ) -> None:
         super().__init__()
         if head_dim % (2 * n_axes) != 0:
             raise ValueError(
                 f"rotary embedding needs head_dim divisible by {2 * n_axes} for {n_axes} axes, got {head_dim}"
             )
+        if scaling is not None:
+            check_choice("attention.rope_scaling", scaling, ROPE_SCALINGS)
+            if n_axes != 1:
+                raise ValueError(
+                    f"attention.rope_scaling={scaling!r} stretches 1-D sequences; a {n_axes}-axis grid (ViT) takes "
+                    "plain rope"
+                )
+            if scaling != "linear" and head_dim <= 2:
+                raise ValueError(f"attention.rope_scaling={scaling!r} needs head_dim > 2, got {head_dim}")
+            if scaling == "dynamic" and trained_length is None:
+                raise ValueError("attention.rope_scaling='dynamic' needs the trained length (TokenLayout.max_length)")
         self.head_dim = head_dim
         self.base = base
         self.n_axes = n_axes
+        self.scaling = scaling
+        self.factor = factor
+        self.trained_length = trained_length
         axis_dim = head_dim // n_axes
-        self.inv_freq = 1.0 / (base ** (torch.arange(0, axis_dim, 2, dtype=torch.int64).float() / axis_dim))
+        if scaling == "ntk":
+            self.inv_freq = inverse_frequencies(axis_dim, base * factor ** (axis_dim / (axis_dim - 2)))
+        else:
+            self.inv_freq = inverse_frequencies(axis_dim, base)
+        if scaling == "linear":
+            self.inv_freq = self.inv_freq / factor  # p / s * theta = p * (theta / s)
         self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, base={self.base}, n_axes={self.n_axes}"
+        scaling = f", scaling={self.scaling}, factor={self.factor}" if self.scaling else ""
+        return f"head_dim={self.head_dim}, base={self.base}, n_axes={self.n_axes}{scaling}"
 
-    def _angles(self, positions: torch.Tensor) -> torch.Tensor:
-        """(T,) or (T, n_axes) positions -> (T, head_dim) angles, each axis laid out (freqs, freqs)."""
+    def frequencies(self, length: int) -> torch.Tensor:
+        """The inverse frequencies for a sequence of `length` tokens (only dynamic scaling depends on it)."""
+        if self.scaling != "dynamic" or length <= self.trained_length:
+            return self.inv_freq
+        # In float32 tensors, as transformers computes it, so that both give the same frequencies.
+        dim, factor = self.head_dim, self.factor
+        stretch = torch.tensor(factor) * length / self.trained_length - (factor - 1)
+        return inverse_frequencies(dim, self.base * stretch ** (dim / (dim - 2)))
+
+    def _angles(self, positions: torch.Tensor, inv_freq: torch.Tensor | None = None) -> torch.Tensor:
+        """(T,) or (T, n_axes) positions -> (T, head_dim) angles, each axis laid out (freqs, freqs); the
+        frequencies default to those of the positions' length."""
         pos = positions.to(torch.float32)
         if pos.ndim == 1:
             pos = pos[:, None]
@@ -52,7 +115,9 @@ class RotaryEmbedding(nn.Module):
                 f"rotary embedding has {self.n_axes} axes: positions must have shape (T, {self.n_axes})"
                 f"{' or (T,)' if self.n_axes == 1 else ''}, got {tuple(positions.shape)}"
             )
-        freqs = pos[:, :, None] * self.inv_freq.to(pos.device)  # (T, n_axes, axis_dim / 2)
+        if inv_freq is None:
+            inv_freq = self.frequencies(int(positions.max()) + 1 if self.scaling == "dynamic" else 0)
+        freqs = pos[:, :, None] * inv_freq.to(pos.device)  # (T, n_axes, axis_dim / 2)
         return torch.cat((freqs, freqs), dim=-1).flatten(1)
 
     def _range_cos_sin(self, start: int, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,7 +127,7 @@ class RotaryEmbedding(nn.Module):
         table = self._tables.get(device)
         if table is None or table[0].shape[0] < start + length:
             size = max(2 * table[0].shape[0] if table is not None else 0, start + length, 256)
-            angles = self._angles(torch.arange(size, device=device))
+            angles = self._angles(torch.arange(size, device=device), self.inv_freq)
             table = self._tables[device] = (angles.cos(), angles.sin())
         return table[0][start : start + length], table[1][start : start + length]
 
@@ -78,7 +143,10 @@ class RotaryEmbedding(nn.Module):
         if positions is None:
             if length is None:
                 raise ValueError("rotary embedding needs positions or a length")
-            cos, sin = self._range_cos_sin(offset, length, torch.device(device or "cpu"))
+            device = torch.device(device or "cpu")
+            if self.frequencies(offset + length) is not self.inv_freq:  # dynamic scaling past the trained length
+                return self.cos_sin(torch.arange(offset, offset + length, device=device), dtype)
+            cos, sin = self._range_cos_sin(offset, length, device)
         else:
             angles = self._angles(positions)
             cos, sin = angles.cos(), angles.sin()

@@ -51,8 +51,8 @@ class SparseAttention(PatternKernel):
         self.stride = stride
         self.summary = summary
 
-    def setup(self, layout: TokenLayout, *, num_heads: int = 1) -> None:
-        super().setup(layout, num_heads=num_heads)
+    def setup(self, layout: TokenLayout) -> None:
+        super().setup(layout)
         if self.stride is None and layout.max_length is None:
             raise ValueError(
                 "attention.stride (variant 'sparse') is null, which means ceil(sqrt(max length)), but this "

@@ -25,7 +25,7 @@ from torch import nn
 
 from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, TokenLayout
 from zoo.models.vit import ViT, ViTConfig
-from zoo.nn import ModelConfig, TransformerBlock
+from zoo.nn import ModelConfig, transformer_stack
 from zoo.nn.activations import from_huggingface_activation
 from zoo.weights import read_weights
 
@@ -74,23 +74,22 @@ class TextTransformer(nn.Module):
         config = config or TextTransformerConfig(**overrides)
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.dim)
-        self.pos_embed = None if config.attention.rope else LearnedPositionalEmbedding(config.dim, config.max_length)
+        relative = config.attention.relative_positions  # RoPE or a position bias: positions act inside attention
+        self.pos_embed = None if relative else LearnedPositionalEmbedding(config.dim, config.max_length)
         self.dropout = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(
-                config.dim,
-                config.num_heads,
-                config.mlp_dim,
-                config.attention,
-                causal=True,
-                dropout=config.dropout,
-                activation=config.activation,
-                bias=config.bias,
-                norm_eps=config.norm_eps,
-                norm_first=True,
-                layout=TokenLayout(max_length=config.max_length),
-            )
-            for _ in range(config.depth)
+        self.blocks = transformer_stack(
+            config.depth,
+            config.dim,
+            config.num_heads,
+            config.attention,
+            causal=True,
+            mlp_dim=config.mlp_dim,
+            dropout=config.dropout,
+            activation=config.activation,
+            bias=config.bias,
+            norm_eps=config.norm_eps,
+            norm_first=True,
+            layout=TokenLayout(max_length=config.max_length),
         )
         self.norm = nn.LayerNorm(config.dim, eps=config.norm_eps, bias=config.bias)
         self._init_weights()

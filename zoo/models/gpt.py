@@ -1,9 +1,14 @@
 """GPT (Radford et al. 2018, 2019): a decoder-only Transformer language model.
 
-Token + learned position embeddings (none with RoPE), pre-norm causal blocks from zoo.nn.blocks, a final
-LayerNorm and an LM head tied to the token embedding. Any attention variant of zoo.attention works:
-generation keeps each block's decoding state (a KV cache for full/RoPE attention, a rolling window for
-local, a recurrent state for linear), so a new token costs one row, not the whole context.
+Token + learned position embeddings (none with RoPE, ALiBi or T5 biases: positions then act inside
+attention), pre-norm causal blocks from zoo.nn.blocks, a final LayerNorm and an LM head tied to the token
+embedding. Any attention variant of zoo.attention works: generation keeps each block's decoding state (a KV
+cache for full/RoPE attention, a rolling window for local, a recurrent state for linear), so a new token
+costs one row, not the whole context.
+
+block_size is the context the model is trained on. A model whose attention is made to extrapolate (a
+position bias, or RoPE with a length scaling: AttentionConfig.extrapolates) takes longer sequences, and
+generates past block_size with its caches instead of cropping the context (the point of ALiBi).
 
 Weights copy one to one from and to Hugging Face `GPT2LMHeadModel` (`from_huggingface`, `to_huggingface`).
 """
@@ -18,7 +23,7 @@ import torch
 from torch import nn
 
 from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, TokenLayout
-from zoo.nn import ModelConfig, TransformerBlock
+from zoo.nn import ModelConfig, transformer_stack
 from zoo.nn.activations import from_huggingface_activation, to_huggingface_activation
 
 
@@ -31,7 +36,7 @@ class GPTConfig(ModelConfig):
     sizes: ClassVar[tuple[str, ...]] = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_dim")
 
     vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
-    block_size: int = 1024  # longest context the model sees
+    block_size: int = 1024  # the training context; also the longest one unless attention.extrapolates
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
@@ -55,24 +60,23 @@ class GPT(nn.Module):
         config = config or GPTConfig(**overrides)
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        # RoPE rotates queries and keys inside attention, so no absolute table is added.
-        self.wpe = None if config.attention.rope else LearnedPositionalEmbedding(config.n_embd, config.block_size)
+        # RoPE and position biases act inside attention, so no absolute table is added.
+        relative = config.attention.relative_positions
+        self.wpe = None if relative else LearnedPositionalEmbedding(config.n_embd, config.block_size)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(
-                config.n_embd,
-                config.n_head,
-                config.mlp_dim,
-                config.attention,
-                causal=True,
-                norm_first=True,
-                dropout=config.dropout,
-                activation=config.activation,
-                bias=config.bias,
-                norm_eps=config.norm_eps,
-                layout=TokenLayout(max_length=config.block_size),
-            )
-            for _ in range(config.n_layer)
+        self.blocks = transformer_stack(
+            config.n_layer,
+            config.n_embd,
+            config.n_head,
+            config.attention,
+            causal=True,
+            mlp_dim=config.mlp_dim,
+            norm_first=True,
+            dropout=config.dropout,
+            activation=config.activation,
+            bias=config.bias,
+            norm_eps=config.norm_eps,
+            layout=TokenLayout(max_length=config.block_size),
         )
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -106,6 +110,11 @@ class GPT(nn.Module):
                 total -= self.wte.weight.numel()
         return total
 
+    @property
+    def max_length(self) -> int | None:
+        """The longest sequence the model takes: block_size, or None (any) when its attention extrapolates."""
+        return None if self.config.attention.extrapolates else self.config.block_size
+
     def new_caches(self) -> list[dict[str, Any]]:
         """One fresh decoding state per block (whatever its attention variant keeps)."""
         return [block.new_cache() for block in self.blocks]
@@ -117,7 +126,7 @@ class GPT(nn.Module):
         """
         length = idx.shape[1]
         offset = caches[0]["self"].offset if caches is not None else 0
-        if offset + length > self.config.block_size:
+        if self.max_length is not None and offset + length > self.max_length:
             raise ValueError(
                 f"sequence of {offset + length} tokens exceeds the model's block_size={self.config.block_size}"
             )
@@ -169,13 +178,14 @@ class GPT(nn.Module):
         temperature 0 is greedy decoding. The model sees the last block_size tokens (nanoGPT's crop).
         Inside block_size each step feeds one token through the blocks' decoding states; beyond it every
         position shifts, which no cache survives, so each further step re-encodes the cropped context.
-        Cached and uncached decoding therefore sample the same tokens for the same seed.
+        Cached and uncached decoding therefore sample the same tokens for the same seed. A model whose
+        attention extrapolates (max_length None) never crops: its caches carry on past block_size.
         """
-        block_size = self.config.block_size
-        if idx.ndim != 2 or not 1 <= idx.shape[1] <= block_size:
+        limit = self.max_length
+        if idx.ndim != 2 or idx.shape[1] < 1 or (limit is not None and idx.shape[1] > limit):
             raise ValueError(
                 f"prompt of {idx.shape[-1] if idx.ndim else 0} tokens does not fit: it must have 1 to "
-                f"block_size={block_size} tokens, shape (batch, tokens)"
+                f"block_size={self.config.block_size} tokens, shape (batch, tokens)"
             )
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
@@ -186,10 +196,11 @@ class GPT(nn.Module):
             caches = self.new_caches() if use_cache else None
             context = idx
             for step in range(max_new_tokens):
-                if step > 0 and caches is not None and idx.shape[1] <= block_size:
+                cropped = limit is not None and idx.shape[1] > limit
+                if step > 0 and caches is not None and not cropped:
                     context = idx[:, -1:]  # the caches hold everything before it
-                elif idx.shape[1] > block_size or caches is None:
-                    context = idx[:, -block_size:]
+                elif cropped or caches is None:
+                    context = idx[:, -limit:] if cropped else idx
                     caches = self.new_caches() if use_cache else None
                 logits = self.forward_head(self.forward_features(context, caches)[:, -1])  # (B, vocab)
                 next_token = sample_next_token(logits, temperature, top_k, top_p, generator)
@@ -242,10 +253,12 @@ class GPT(nn.Module):
         from transformers import GPT2Config, GPT2LMHeadModel
 
         config = self.config
-        if config.attention.variant != "full" or config.attention.rope or not config.bias:
+        attention = config.attention
+        if attention.variant != "full" or attention.relative_positions or attention.kv_heads or not config.bias:
             raise ValueError(
-                f"GPT-2 has full attention, learned positions and biases; this model has "
-                f"attention.variant={config.attention.variant!r}, rope={config.attention.rope}, bias={config.bias}"
+                f"GPT-2 has full multi-head attention, learned positions and biases; this model has "
+                f"attention.variant={attention.variant!r}, rope={attention.rope}, "
+                f"position_bias={attention.position_bias!r}, kv_heads={attention.kv_heads}, bias={config.bias}"
             )
         hf_config = GPT2Config(
             vocab_size=config.vocab_size,

@@ -4,8 +4,9 @@ Encoder: self-attention + FFN; decoder: causal self-attention, cross-attention t
 residual + LayerNorm after each sublayer (the paper, `norm_first=False`) or before it (pre-norm, with
 a final LayerNorm per stack). Source and target share one BPE vocabulary, so one embedding matrix can
 serve both sides and the output projection (section 3.4). Every block comes from zoo.nn.blocks, so the
-attention config (full, local, linear, RoPE) applies to both self-attentions; cross-attention is full
-unless `cross_attention` names another kernel.
+attention config (full, local, linear, RoPE, ALiBi / T5 biases) applies to both self-attentions (a T5
+bias shared per stack: one for the encoder, one for the decoder); cross-attention is full unless
+`cross_attention` names another kernel.
 
 Decoding lives here too: greedy and beam search over the decoder's KV cache (`new_caches`), which
 holds the growing self-attention keys/values and the encoder keys/values computed once.
@@ -22,9 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, SinusoidalPositionalEmbedding, TokenLayout
-from zoo.nn import ModelConfig, TransformerBlock
+from zoo.nn import ModelConfig, transformer_stack
 
-POSITIONS = ("sinusoidal", "learned", "rope")
+# Tables added to the embeddings (sinusoidal, learned) or positions inside attention (rope, alibi, t5).
+POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "t5")
 
 
 @dataclass
@@ -45,7 +47,8 @@ class TranslationConfig(ModelConfig):
     activation: str = "relu"
     norm_first: bool = False  # the paper is post-norm
     norm_eps: float = 1e-5
-    positions: str = "sinusoidal"  # sinusoidal | learned | rope (attention.rope=true also selects rope)
+    # sinusoidal | learned | rope | alibi | t5; attention.rope=true / attention.position_bias also select the last three
+    positions: str = "sinusoidal"
     max_length: int = 512  # longest source or target sequence (position tables)
     tie_embeddings: bool = True  # one matrix for source, target and output projection
     cross_attention: str = "full"  # kernel of encoder-decoder attention
@@ -58,10 +61,19 @@ class TranslationConfig(ModelConfig):
         super().__post_init__()
         if self.positions not in POSITIONS:
             raise ValueError(f"unknown positions {self.positions!r}; valid choices: {list(POSITIONS)}")
+        if self.positions in ("alibi", "t5"):
+            if self.attention.position_bias not in (None, self.positions):
+                raise ValueError(
+                    f"positions={self.positions!r} contradicts attention.position_bias="
+                    f"{self.attention.position_bias!r}; set one of them"
+                )
+            self.attention = self.attention.replace(position_bias=self.positions)
         if self.attention.rope or self.positions == "rope":
             # Rotary positions act inside self-attention; no absolute table is added to the embeddings.
             self.positions = "rope"
             self.attention = self.attention.replace(rope=True)
+        elif self.attention.position_bias is not None:  # so does a position bias
+            self.positions = self.attention.position_bias
 
 
 class TranslationTransformer(nn.Module):
@@ -84,14 +96,15 @@ class TranslationTransformer(nn.Module):
             self.source_positions = self.target_positions = None
         self.dropout = nn.Dropout(c.dropout)
 
-        def block(causal: bool, cross_attention: bool) -> TransformerBlock:
-            return TransformerBlock(
+        def stack(depth: int, decoder: bool) -> nn.ModuleList:
+            return transformer_stack(
+                depth,
                 c.dim,
                 c.num_heads,
-                c.mlp_dim,
                 c.attention,
-                causal=causal,
-                cross_attention=cross_attention,
+                causal=decoder,
+                mlp_dim=c.mlp_dim,
+                cross_attention=decoder,
                 cross_attention_variant=c.cross_attention,
                 norm_first=c.norm_first,
                 dropout=c.dropout,
@@ -100,8 +113,8 @@ class TranslationTransformer(nn.Module):
                 layout=TokenLayout(max_length=c.max_length),
             )
 
-        self.encoder = nn.ModuleList(block(causal=False, cross_attention=False) for _ in range(c.encoder_layers))
-        self.decoder = nn.ModuleList(block(causal=True, cross_attention=True) for _ in range(c.decoder_layers))
+        self.encoder = stack(c.encoder_layers, decoder=False)
+        self.decoder = stack(c.decoder_layers, decoder=True)
         # Pre-norm stacks end un-normalised; post-norm ones already end in a LayerNorm.
         self.encoder_norm = nn.LayerNorm(c.dim, eps=c.norm_eps) if c.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(c.dim, eps=c.norm_eps) if c.norm_first else nn.Identity()

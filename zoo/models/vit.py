@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.attention import AttentionConfig, TokenLayout
-from zoo.nn import ModelConfig, TransformerBlock
+from zoo.nn import ModelConfig, transformer_stack
 from zoo.weights import read_weights
 
 POOLINGS = ("cls", "mean")
@@ -85,21 +85,19 @@ class ViT(nn.Module):
         self.pos_drop = nn.Dropout(config.dropout)
         self.norm_pre = nn.LayerNorm(config.dim, eps=config.norm_eps) if config.pre_norm else nn.Identity()
         drop_rates = torch.linspace(0, config.drop_path, config.depth).tolist()
-        self.blocks = nn.ModuleList(
-            TransformerBlock(
-                config.dim,
-                config.num_heads,
-                config.mlp_dim,
-                config.attention,
-                dropout=config.dropout,
-                drop_path=rate,
-                activation=config.activation,
-                bias=config.bias,
-                norm_eps=config.norm_eps,
-                layout=layout,
-                norm_first=True,
-            )
-            for rate in drop_rates
+        self.blocks = transformer_stack(
+            config.depth,
+            config.dim,
+            config.num_heads,
+            config.attention,
+            drop_path=drop_rates,
+            mlp_dim=config.mlp_dim,
+            dropout=config.dropout,
+            activation=config.activation,
+            bias=config.bias,
+            norm_eps=config.norm_eps,
+            layout=layout,
+            norm_first=True,
         )
         self.norm = nn.LayerNorm(config.dim, eps=config.norm_eps)
         self.head = nn.Linear(config.dim, config.num_classes) if config.num_classes > 0 else nn.Identity()

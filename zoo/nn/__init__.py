@@ -2,7 +2,7 @@
 activation table, and the config base every model's config extends."""
 
 from zoo.nn.activations import ACTIVATIONS, get_activation
-from zoo.nn.blocks import MLP, DropPath, TransformerBlock
+from zoo.nn.blocks import MLP, DropPath, TransformerBlock, transformer_stack
 from zoo.nn.config import ModelConfig
 
-__all__ = ["ACTIVATIONS", "MLP", "DropPath", "ModelConfig", "TransformerBlock", "get_activation"]
+__all__ = ["ACTIVATIONS", "MLP", "DropPath", "ModelConfig", "TransformerBlock", "get_activation", "transformer_stack"]

@@ -2,11 +2,14 @@
 
 One block serves encoder (self-attention + MLP), decoder (masked self-attention + cross-attention
 + MLP), pre-norm (GPT, ViT, CLIP) and post-norm (Vaswani et al. 2017) alike; its attention always
-comes from zoo.attention.
+comes from zoo.attention. Models build their stacks of blocks with `transformer_stack`, which gives all
+blocks of a stack one position bias when the attention config shares it (T5), so that no model needs to
+know about biases.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -71,17 +74,23 @@ class TransformerBlock(nn.Module):
         bias: bool = True,
         norm_eps: float = 1e-5,
         layout: TokenLayout | None = None,
+        shared_bias: nn.Module | None = None,
     ) -> None:
         super().__init__()
         attention = attention or AttentionConfig()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(dim, num_heads, attention, causal=causal, bias=bias, layout=layout)
+        self.self_attn = MultiHeadAttention(
+            dim, num_heads, attention, causal=causal, bias=bias, layout=layout, shared_bias=shared_bias
+        )
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
         self.dropout1 = nn.Dropout(dropout)
         self.cross_attn = None
         if cross_attention:
-            # The encoder's memory is attended to as a whole: no positions, none of the self-attention's options.
-            cross = AttentionConfig(variant=cross_attention_variant, dropout=attention.dropout)
+            # The encoder's memory is attended to as a whole: no positions, none of the self-attention's options;
+            # its key/value heads are grouped as the self-attention's.
+            cross = AttentionConfig(
+                variant=cross_attention_variant, dropout=attention.dropout, kv_heads=attention.kv_heads
+            )
             self.cross_attn = MultiHeadAttention(dim, num_heads, cross, bias=bias)
             self.norm_cross = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
             self.dropout_cross = nn.Dropout(dropout)
@@ -145,3 +154,29 @@ class TransformerBlock(nn.Module):
                 x = self.norm_cross(x + cross_attention(x))
             x = self.norm2(x + feed_forward(x))
         return (x, weights) if need_weights else x
+
+
+def transformer_stack(
+    depth: int,
+    dim: int,
+    num_heads: int,
+    attention: AttentionConfig | None = None,
+    *,
+    causal: bool = False,
+    drop_path: float | Sequence[float] = 0.0,
+    **block_options: Any,
+) -> nn.ModuleList:
+    """`depth` TransformerBlocks forming one stack (an encoder, a decoder); block_options are the blocks' other
+    arguments. drop_path is one rate for all blocks or one per block. With attention.share_bias (T5) every
+    block gets the same position bias module, built here once."""
+    attention = attention or AttentionConfig()
+    rates = [drop_path] * depth if isinstance(drop_path, (int, float)) else list(drop_path)
+    if len(rates) != depth:
+        raise ValueError(f"drop_path needs one rate per block ({depth}), got {len(rates)}")
+    shared = attention.build_position_bias(num_heads, causal) if attention.share_bias else None
+    return nn.ModuleList(
+        TransformerBlock(
+            dim, num_heads, attention=attention, causal=causal, drop_path=rate, shared_bias=shared, **block_options
+        )
+        for rate in rates
+    )

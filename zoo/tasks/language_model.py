@@ -71,7 +71,8 @@ class LanguageModelTask(ZooTask):
                 f"({vocab_size}); set it to null (taken from the tokenizer) or at least {vocab_size}"
             )
         block_size = getattr(datamodule, "block_size", None)
-        if block_size is not None and block_size > self.net.config.block_size:
+        limit = self.net.max_length  # None: the attention extrapolates (ALiBi, T5, scaled RoPE)
+        if block_size is not None and limit is not None and block_size > limit:
             raise ValueError(
                 f"data.block_size={block_size} exceeds the model's block_size={self.net.config.block_size}; "
                 f"use data.block_size <= {self.net.config.block_size}"
@@ -185,11 +186,11 @@ def generate_text(
     if not prompt:
         raise ValueError('prompt is empty; give at least one character, e.g. prompt="\\n"')
     ids = encode_text(tokenizer, prompt)
-    block_size = model.config.block_size
-    if len(ids) > block_size:
+    limit = model.max_length
+    if limit is not None and len(ids) > limit:
         raise ValueError(
-            f"prompt is {len(ids)} tokens long, more than the model's block_size={block_size}; "
-            f"use a prompt of at most {block_size} tokens"
+            f"prompt is {len(ids)} tokens long, more than the model's block_size={limit}; "
+            f"use a prompt of at most {limit} tokens"
         )
     device = next(model.parameters()).device
     idx = torch.tensor([ids], dtype=torch.long, device=device)

@@ -1,0 +1,87 @@
+"""Feature maps of linear attention: phi(q) . phi(k) stands in for the softmax kernel exp(q . k / sqrt(d)).
+
+    elu    phi(x) = elu(x) + 1 (Katharopoulos et al. 2020, eq. 7): positive, deterministic
+    relu   phi(x) = max(x, 0): the simplest non-negative map (zero features give a zero output row)
+    favor  FAVOR+ (Choromanski et al. 2021, "Rethinking Attention with Performers"): positive orthogonal
+           random features whose inner product is an unbiased estimate of exp(q . k / sqrt(d)), so linear
+           attention approximates softmax attention, the better the more features
+
+FAVOR+ (their Lemma 1 and section 4.3): with x' = x / d^(1/4) and m random rows w_i,
+phi(x)_i = exp(w_i . x' - |x'|^2 / 2) / sqrt(m), and E[phi(q) . phi(k)] = exp(q' . k') = exp(q . k / sqrt(d))
+for w_i ~ N(0, I_d). Orthogonal rows (blocks of d from QR decompositions, each row rescaled to the norm of
+a Gaussian vector) keep the estimate unbiased and lower its variance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+FEATURE_MAPS = ("elu", "relu", "favor")
+
+
+class _EluPlusOne(torch.autograd.Function):
+    """elu(x) + 1 = exp(min(x, 0)) + max(x, 0), and its derivative min(elu(x) + 1, 1): exp(x) below
+    zero, 1 above. Faster than F.elu(x) + 1 in both directions (experiments/results/recipes.md)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        # Contiguous output (x is often a strided view of the fused projection), and as few fresh
+        # allocations as possible: on the CPU each large one costs page faults.
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+        negative_part = y.clamp(max=0.0).exp_()
+        y.clamp_(min=0.0).add_(negative_part)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return y.clamp(max=1.0).mul_(grad)
+
+
+def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """phi(x) = elu(x) + 1 > 0 (Katharopoulos et al. 2020, eq. 7)."""
+    return _EluPlusOne.apply(x)
+
+
+def relu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """phi(x) = max(x, 0)."""
+    return torch.relu(x)
+
+
+def default_num_features(head_dim: int) -> int:
+    """Performer's default number of random features, d ln d (at least d)."""
+    return max(head_dim, int(head_dim * math.log(head_dim)))
+
+
+def orthogonal_random_features(
+    num_features: int, dim: int, device: torch.device | None = None, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """(num_features, dim) random rows w_i: orthogonal within each block of `dim` rows (QR of a Gaussian
+    matrix), each rescaled to the norm of an independent N(0, I_dim) vector, so every row is marginally
+    Gaussian (Choromanski et al. 2021, section 4.3). Drawn in float32 on the CPU (reproducible per seed)."""
+    blocks = []
+    for _ in range(-(-num_features // dim)):
+        gaussian = torch.randn(dim, dim, generator=generator)
+        q, _ = torch.linalg.qr(gaussian)
+        blocks.append(q.T)
+    rows = torch.cat(blocks)[:num_features]
+    norms = torch.randn(num_features, dim, generator=generator).norm(dim=1, keepdim=True)
+    return (rows * norms).to(device)
+
+
+def favor_feature_map(x: torch.Tensor, projection: torch.Tensor, is_query: bool) -> torch.Tensor:
+    """FAVOR+ positive random features of x (..., d) with projection (m, d) -> (..., m).
+
+    Each query row is divided by its largest feature (Performer's stabiliser), which the normalisation of
+    linear attention cancels exactly. Keys are not stabilised: Performer's constant, the largest key feature,
+    would change from one decoding step to the next; unstabilised key features stay below their bound
+    exp(|w_i|^2 / 2), which float32 holds for any head_dim up to ~128 (|w_i|^2 ~ head_dim).
+    """
+    x = x * x.shape[-1] ** -0.25
+    logits = x @ projection.to(x.dtype).T - (x * x).sum(-1, keepdim=True) / 2  # w_i . x' - |x'|^2 / 2
+    if is_query:
+        logits = logits - logits.amax(dim=-1, keepdim=True).detach()
+    return logits.exp() / math.sqrt(projection.shape[0])
