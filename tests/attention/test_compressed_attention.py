@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zoo.attention import MultiHeadAttention, TokenLayout
+from zoo.attention import HeadLayout, MultiHeadAttention, TokenLayout
 from zoo.attention.compressed import CompressedAttention
 from zoo.attention.functional import softmax_attention
 
@@ -30,7 +30,8 @@ from .helpers import random_padding, reference_softmax_attention
 
 def compressed_kernel(max_length: int, heads: int = 2, **options) -> CompressedAttention:
     kernel = CompressedAttention(**options)
-    kernel.setup(TokenLayout(max_length=max_length), num_heads=heads)
+    kernel.setup(TokenLayout(max_length=max_length))
+    kernel.setup_heads(HeadLayout(num_heads=heads, kv_heads=heads, head_dim=8))
     return kernel
 
 

@@ -147,6 +147,6 @@ def test_linear_state_has_constant_size() -> None:
     module = build("linear", {}, rope=False)
     _, cache = decode(module, torch.randn(1, 20, 32), [1] * 20)
     assert cache.state.shape == (1, 4, 8, 9)  # [S | z]: head_dim x (head_dim + 1)
-    favor = build("linear", None, rope=False, feature_map="favor", num_features=24, kv_heads=2)
+    favor = build("linear", {}, rope=False, feature_map="favor", num_features=24, kv_heads=2)
     _, cache = decode(favor, torch.randn(1, 20, 32), [1] * 20)
     assert cache.state.shape == (1, 2, 24, 9)  # per key/value head: features x (head_dim + 1)

@@ -139,7 +139,7 @@ def test_blockwise_parts_add_a_score_bias_before_the_softmax(variant: str, fused
     slopes = torch.tensor([0.5, 0.125], requires_grad=not fused)  # a learned bias takes the explicit path
     q, k, v = (torch.randn(2, 2, length, 8, requires_grad=True) for _ in range(3))
     padding = random_padding(2, length, torch.Generator().manual_seed(1))
-    out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding, score_bias=alibi(slopes))
+    out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding, bias=alibi(slopes))
     positions = torch.arange(length)
     allowed = sparse_mask(length, variant, 6, 2, causal)[None, None] & ~padding[:, None, None, :]
     additive = alibi(slopes)(positions, positions).masked_fill(~allowed, float("-inf"))
@@ -151,7 +151,7 @@ def test_blockwise_parts_add_a_score_bias_before_the_softmax(variant: str, fused
         # The slopes' gradient sums B * H * n * n terms: relative 1e-4.
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5 if got.ndim > 1 else 1e-4)
     # The dense path (need_weights) adds the same bias.
-    dense, weights = kernel(q, k, v, causal=causal, key_padding_mask=padding, score_bias=alibi(slopes),
+    dense, weights = kernel(q, k, v, causal=causal, key_padding_mask=padding, bias=alibi(slopes),
                                    need_weights=True)  # fmt: skip
     torch.testing.assert_close(dense, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(weights > 0, allowed.expand_as(weights))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
@@ -35,6 +36,7 @@ import torch.nn.functional as F
 from zoo.attention.cache import KVCache, new_tokens_padding
 from zoo.attention.contract import Kernel, ScoreBias, TokenLayout
 from zoo.attention.functional import masked_attention, repeat_kv, softmax_attention
+
 PARTS_CACHE_SIZE = 8  # lengths whose parts (and masks) a kernel keeps
 # Sequences up to this length run as one fused SDPA call under the dense (n, n) mask (256 KiB of float mask
 # per batch row): below it the parts' fixed cost per call exceeds the work they save (experiments/results/

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from zoo.attention.contract import HeadLayout, Kernel, TokenLayout
+from zoo.attention.contract import HeadLayout, Kernel, ScoreBias, TokenLayout
 from zoo.attention.functional import masked_attention, repeat_kv
 from zoo.errors import check_positive_int
 
@@ -94,6 +94,7 @@ class CompressedAttention(Kernel):
         key_padding_mask: torch.Tensor | None = None,
         dropout_p: float = 0.0,
         need_weights: bool = False,
+        bias: ScoreBias | None = None,  # never given: supports_position_bias is False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         length = k.shape[2]
         groups = q.shape[1] // k.shape[1]

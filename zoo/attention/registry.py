@@ -4,7 +4,8 @@
     local   sliding window of `window` keys, blockwise O(n * window); RollingKVCache; takes a position bias
     linear  feature maps elu + 1 (Katharopoulos et al. 2020), ReLU, FAVOR+ (Choromanski et al. 2021),
             O(n F d); LinearAttentionState
-    sparse  the Sparse Transformer's strided / fixed patterns (Child et al. 2019), blockwise; KVCache; takes a position bias
+    sparse  the Sparse Transformer's strided / fixed patterns (Child et al. 2019), blockwise; KVCache; takes a
+            position bias
     axial   row + column of the patch grid or the folded sequence (Ho et al. 2019), blockwise; KVCache; takes a
             position bias
     compressed  keys and values projected along the sequence to k rows (Linformer, Wang et al. 2020),
