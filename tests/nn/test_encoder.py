@@ -3,6 +3,8 @@ parameter names the families keep (no prefix: checkpoints and weight imports unc
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -24,14 +26,19 @@ def test_mean_pooling_leaves_padding_out_and_cls_takes_the_first_token() -> None
         pool_tokens(features, "max")
 
 
-def test_build_trunk_ramps_drop_path_and_builds_the_head() -> None:
+def test_build_trunk_reads_the_shared_config_fields_and_ramps_drop_path() -> None:
+    shared = {"dim": 8, "depth": 3, "num_heads": 2, "mlp_dim": 16, "attention": AttentionConfig(variant="local"),
+              "dropout": 0.0, "activation": "relu", "bias": True, "norm_eps": 1e-6}  # fmt: skip
     trunk = EncoderTrunk()
-    trunk.build_trunk(8, 3, 2, 16, AttentionConfig(), TokenLayout(max_length=4), drop_path=0.2, num_classes=3)
+    trunk.build_trunk(SimpleNamespace(**shared, drop_path=0.2, num_classes=3), TokenLayout(max_length=4), causal=True)
     assert [block.drop_path.p for block in trunk.blocks] == pytest.approx([0.0, 0.1, 0.2])
+    assert trunk.blocks[0].self_attn.causal and trunk.blocks[0].self_attn.variant == "local"
+    assert trunk.blocks[0].mlp.fc1.out_features == 16 and trunk.norm.eps == 1e-6
     assert trunk.head.out_features == 3 and trunk.norm.bias is not None
-    headless = EncoderTrunk()
-    headless.build_trunk(8, 1, 2, 16, AttentionConfig(), TokenLayout(), norm_bias=False)
+    headless = EncoderTrunk()  # a family without drop_path and num_classes (CLIP's text tower)
+    headless.build_trunk(SimpleNamespace(**shared), TokenLayout(), norm_bias=False)
     assert isinstance(headless.head, torch.nn.Identity) and headless.norm.bias is None
+    assert [block.drop_path.p for block in headless.blocks] == [0.0, 0.0, 0.0]
 
 
 def test_the_families_keep_their_parameter_names() -> None:

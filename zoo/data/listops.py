@@ -3,11 +3,11 @@ in prefix form, e.g. `[MAX 2 9 [MIN 4 7 ] 0 ]` = 9, classified into their answer
 
 The generator is LRA's (lra_benchmarks/data/listops.py): a node is a digit with probability 0.75 (always at
 `max_depth`), otherwise one of MAX, MIN, MED (the median, rounded down) or SM (the sum modulo 10) over 2 to
-`max_args` children; trees are drawn until one has between `min_length` and `max_length` tokens (LRA: 500
-to 2000). LRA's files also write the parentheses of a binarised tree, which carry no information; they are
-left out here and lengths count the tokens written (digits, operators and closing brackets), as LRA counts
-them. Expressions are drawn with one seeded generator, deduplicated, and split in order into train | val |
-test: the splits are disjoint and the same for the same settings.
+`max_args` children; trees are drawn until one has `min_length` to `max_length` tokens (inclusive; LRA: 500
+to 2000, exclusive). LRA's files also write the parentheses of a binarised tree, which carry no information;
+they are left out here and lengths count the tokens written (digits, operators and closing brackets), as LRA
+counts them. Expressions are drawn with one seeded generator, deduplicated, and split in order into train |
+val | test: the splits are disjoint and the same for the same settings.
 """
 
 from __future__ import annotations

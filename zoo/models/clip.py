@@ -77,20 +77,8 @@ class TextTransformer(EncoderTrunk):
         self.token_embedding = nn.Embedding(config.vocab_size, config.dim)
         self.pos_embed = None if config.attention.rope else LearnedPositionalEmbedding(config.dim, config.max_length)
         self.dropout = nn.Dropout(config.dropout)
-        self.build_trunk(
-            config.dim,
-            config.depth,
-            config.num_heads,
-            config.mlp_dim,
-            config.attention,
-            TokenLayout(max_length=config.max_length),
-            causal=True,
-            dropout=config.dropout,
-            activation=config.activation,
-            bias=config.bias,
-            norm_eps=config.norm_eps,
-            norm_bias=config.bias,
-        )  # no head: CLIP projects the pooled state (text_projection)
+        # No head: CLIP projects the pooled state (text_projection).
+        self.build_trunk(config, TokenLayout(max_length=config.max_length), causal=True, norm_bias=config.bias)
         self._init_weights()
 
     def _init_weights(self) -> None:

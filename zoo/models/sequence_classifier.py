@@ -71,21 +71,7 @@ class SequenceClassifier(EncoderTrunk):
         layout = TokenLayout(max_length=prefix + config.max_length, prefix_tokens=prefix)
         self.pos_embed = None if config.attention.rope else LearnedPositionalEmbedding(config.dim, layout.max_length)
         self.dropout = nn.Dropout(config.dropout)
-        self.build_trunk(
-            config.dim,
-            config.depth,
-            config.num_heads,
-            config.mlp_dim,
-            config.attention,
-            layout,
-            dropout=config.dropout,
-            drop_path=config.drop_path,
-            activation=config.activation,
-            bias=config.bias,
-            norm_eps=config.norm_eps,
-            norm_bias=config.bias,
-            num_classes=config.num_classes,
-        )
+        self.build_trunk(config, layout, norm_bias=config.bias)
         self._init_weights()
 
     def _init_weights(self) -> None:

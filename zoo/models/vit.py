@@ -84,20 +84,7 @@ class ViT(EncoderTrunk):
         self.pos_embed = None if config.attention.rope else nn.Parameter(torch.zeros(1, layout.max_length, config.dim))
         self.pos_drop = nn.Dropout(config.dropout)
         self.norm_pre = nn.LayerNorm(config.dim, eps=config.norm_eps) if config.pre_norm else nn.Identity()
-        self.build_trunk(
-            config.dim,
-            config.depth,
-            config.num_heads,
-            config.mlp_dim,
-            config.attention,
-            layout,
-            dropout=config.dropout,
-            drop_path=config.drop_path,
-            activation=config.activation,
-            bias=config.bias,
-            norm_eps=config.norm_eps,
-            num_classes=config.num_classes,
-        )
+        self.build_trunk(config, layout)
         self._init_weights()
 
     def _init_weights(self) -> None:

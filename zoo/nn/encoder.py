@@ -8,10 +8,12 @@ prefix, so checkpoints and the torchvision / Hugging Face weight imports see the
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from zoo.attention import AttentionConfig, TokenLayout
+from zoo.attention import TokenLayout
 from zoo.nn.blocks import TransformerBlock
 
 POOLINGS = ("cls", "mean")
@@ -37,47 +39,33 @@ class EncoderTrunk(nn.Module):
     norm: nn.LayerNorm
     head: nn.Module
 
-    def build_trunk(
-        self,
-        dim: int,
-        depth: int,
-        num_heads: int,
-        mlp_dim: int | None,
-        attention: AttentionConfig,
-        layout: TokenLayout,
-        *,
-        causal: bool = False,
-        dropout: float = 0.0,
-        drop_path: float = 0.0,
-        activation: str = "gelu",
-        bias: bool = True,
-        norm_eps: float = 1e-5,
-        norm_bias: bool = True,
-        num_classes: int = 0,
-    ) -> None:
-        """`depth` pre-norm blocks (stochastic depth rising linearly to `drop_path`), the final LayerNorm (with a
-        bias unless norm_bias=False, as timm's and torchvision's ViTs keep it whatever the blocks do) and a
-        linear head to num_classes (0: no head, the pooled features are the output)."""
-        drop_rates = torch.linspace(0, drop_path, depth).tolist()
+    def build_trunk(self, config: Any, layout: TokenLayout, *, causal: bool = False, norm_bias: bool = True) -> None:
+        """The trunk from an encoder config's shared fields (one name per idea across the families): dim, depth,
+        num_heads, mlp_dim, attention, dropout, activation, bias, norm_eps, and where the family has them
+        drop_path (stochastic depth rising linearly over the blocks to it; default 0) and num_classes (the head;
+        default 0: none, the pooled features are the output). The final LayerNorm has a bias unless
+        norm_bias=False (timm's and torchvision's ViTs keep it whatever the blocks do)."""
+        drop_rates = torch.linspace(0, getattr(config, "drop_path", 0.0), config.depth).tolist()
         self.blocks = nn.ModuleList(
             TransformerBlock(
-                dim,
-                num_heads,
-                mlp_dim,
-                attention,
+                config.dim,
+                config.num_heads,
+                config.mlp_dim,
+                config.attention,
                 causal=causal,
-                dropout=dropout,
+                dropout=config.dropout,
                 drop_path=rate,
-                activation=activation,
-                bias=bias,
-                norm_eps=norm_eps,
+                activation=config.activation,
+                bias=config.bias,
+                norm_eps=config.norm_eps,
                 layout=layout,
                 norm_first=True,
             )
             for rate in drop_rates
         )
-        self.norm = nn.LayerNorm(dim, eps=norm_eps, bias=norm_bias)
-        self.head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.norm = nn.LayerNorm(config.dim, eps=config.norm_eps, bias=norm_bias)
+        num_classes = getattr(config, "num_classes", 0)
+        self.head = nn.Linear(config.dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def init_linear_layers(self) -> None:
         """timm's ViT init: every Linear ~ truncated N(0, 0.02) with zero bias, the head at zero (uniform

@@ -17,22 +17,28 @@ from zoo.training.loggers import confusion_matrix_figure, log_image, wants_media
 
 
 class ClassificationTask(ZooTask):
-    """(inputs, labels) batches through `self.net` (built by the subclass, then `init_metrics`) to logits."""
+    """(inputs, labels) batches through `self.net` (the subclass's `build_net`) to logits."""
 
     def __init__(
         self,
+        net: dict[str, Any],
         optimizer: dict[str, Any] | None = None,
         scheduler: dict[str, Any] | None = None,
         label_smoothing: float = 0.0,
         compile: bool = False,
+        pretrained: str | None = None,
     ) -> None:
         super().__init__(optimizer, scheduler, compile)
+        self.save_hyperparameters()
+        self.net = self.build_net(net, pretrained)
         self.label_smoothing = label_smoothing
-
-    def init_metrics(self, num_classes: int) -> None:
+        num_classes = self.net.config.num_classes
         metric = lambda: torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
         self.train_acc, self.val_acc, self.test_acc = metric(), metric(), metric()
         self.test_confusion = torchmetrics.ConfusionMatrix(task="multiclass", num_classes=num_classes)
+
+    def build_net(self, net: dict[str, Any], pretrained: str | None) -> torch.nn.Module:
+        raise NotImplementedError
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.net(inputs)
@@ -70,27 +76,16 @@ class ClassificationTask(ZooTask):
 class ImageClassificationTask(ClassificationTask):
     family = "vit"
 
-    def __init__(
-        self,
-        net: dict[str, Any],
-        optimizer: dict[str, Any] | None = None,
-        scheduler: dict[str, Any] | None = None,
-        label_smoothing: float = 0.0,
-        compile: bool = False,
-        pretrained: str | None = None,
-    ) -> None:
-        super().__init__(optimizer, scheduler, label_smoothing, compile)
-        self.save_hyperparameters()
-        if pretrained:
-            # torchvision weights or a zoo checkpoint; the checkpoint of this run then holds all weights.
-            self.net, notes = vit_from_pretrained(pretrained, ViTConfig.from_dict(net))
-            self.hparams.net = self.net.config.to_dict()  # the architecture actually built
-            self.hparams.pretrained = None
-            for note in notes:
-                print(f"pretrained: {note}")
-        else:
-            self.net = ViT(ViTConfig.from_dict(net))
-        self.init_metrics(self.net.config.num_classes)
+    def build_net(self, net: dict[str, Any], pretrained: str | None) -> ViT:
+        if not pretrained:
+            return ViT(ViTConfig.from_dict(net))
+        # torchvision weights or a zoo checkpoint; the checkpoint of this run then holds all weights.
+        model, notes = vit_from_pretrained(pretrained, ViTConfig.from_dict(net))
+        self.hparams.net = model.config.to_dict()  # the architecture actually built
+        self.hparams.pretrained = None
+        for note in notes:
+            print(f"pretrained: {note}")
+        return model
 
 
 class SequenceClassificationTask(ClassificationTask):
@@ -98,15 +93,7 @@ class SequenceClassificationTask(ClassificationTask):
 
     family = "sequence_classifier"
 
-    def __init__(
-        self,
-        net: dict[str, Any],
-        optimizer: dict[str, Any] | None = None,
-        scheduler: dict[str, Any] | None = None,
-        label_smoothing: float = 0.0,
-        compile: bool = False,
-    ) -> None:
-        super().__init__(optimizer, scheduler, label_smoothing, compile)
-        self.save_hyperparameters()
-        self.net = SequenceClassifier(SequenceClassifierConfig.from_dict(net))
-        self.init_metrics(self.net.config.num_classes)
+    def build_net(self, net: dict[str, Any], pretrained: str | None) -> SequenceClassifier:
+        if pretrained:
+            raise ValueError("model.pretrained is for ViT weights; the sequence classifier trains from scratch (null)")
+        return SequenceClassifier(SequenceClassifierConfig.from_dict(net))
