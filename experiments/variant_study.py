@@ -536,27 +536,39 @@ def winners(cells: dict, quality: list[tuple[str, str, int, bool]], speed: dict)
 
 
 def plot(cells: dict, quality: list[tuple[str, str, int, bool]], path: Path) -> None:
+    """One panel per quality column: each row's median against its jobs' median wall time (log); the 4x column
+    is placed at the GPT job's time."""
+    import math
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
-    panels = [(key, header, higher) for key, header, _, higher in quality if key != EXTRAPOLATION]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False)
-    for ax, (key, header, higher) in zip(axes[0], panels):
-        points = [(row[key]["wall_s"], row[key]["median"], name) for name, row in cells.items()
-                  if row.get(key, {}).get("median") is not None and row[key].get("wall_s")]  # fmt: skip
+    columns = min(4, len(quality))
+    rows = math.ceil(len(quality) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.0 * rows), squeeze=False)
+    for ax in axes.flat[len(quality) :]:
+        ax.axis("off")
+    for ax, (key, header, _, higher) in zip(axes.flat, quality):
+        timed = "gpt_char" if key == EXTRAPOLATION else key
+        points = [(row[timed]["wall_s"], row[key]["median"], name) for name, row in cells.items()
+                  if row.get(key, {}).get("median") is not None and row.get(timed, {}).get("wall_s")]  # fmt: skip
         for wall, value, name in points:
             ax.scatter(wall, value, color="tab:blue")
             ax.annotate(name, (wall, value), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(header, fontsize=8)
-        ax.set_xlabel("wall seconds per run (log)", fontsize=8)
-        ax.set_ylabel(("higher" if higher else "lower") + " is better", fontsize=8)
+        ax.set_xlabel("wall seconds per job (log)", fontsize=7)
+        ax.set_ylabel(("higher" if higher else "lower") + " is better", fontsize=7)
         ax.tick_params(labelsize=7)
         if not points:
             ax.text(0.5, 0.5, "no numbers", ha="center", va="center", transform=ax.transAxes)
-    fig.suptitle("quality vs time per attention variant (median over seeds)", fontsize=10)
+    fig.suptitle("quality vs time per attention setting (median over seeds)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
