@@ -46,6 +46,31 @@ def test_a_variant_registered_later_joins_with_its_choices(monkeypatch: pytest.M
     assert rows["moded+fancy"].overrides[-1] == "++attention.mode=fancy"
 
 
+class ScaledAttentionConfig(AttentionConfig):
+    """A stand-in for a shared option that lands later and builds on RoPE (as RoPE scaling will)."""
+
+    def __init__(self, *args, scaling: str | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if scaling not in (None, "ntk"):
+            raise ValueError(f"unknown attention.scaling {scaling!r}; valid choices: ['ntk']")
+        if scaling and not self.rope:
+            raise ValueError("attention.scaling needs attention.rope=true")
+        self.scaling = scaling
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "scaling": self.scaling}
+
+
+def test_a_shared_option_registered_later_joins_on_the_first_row_that_takes_it(monkeypatch) -> None:
+    import zoo.attention
+
+    monkeypatch.setattr(zoo.attention, "AttentionConfig", ScaledAttentionConfig)
+    rows = {row.name: row for row in variant_study.discover_rows()[0]}
+    assert rows["rope+ntk"].overrides == ("attention=rope", "++attention.scaling=ntk")
+    assert rows["rope+ntk"].attention["scaling"] == "ntk" and rows["rope+ntk"].attention["rope"] is True
+    assert not any(name.startswith(("full+", "local+", "linear+")) for name in rows)  # they do not take it
+
+
 def test_named_choices_reads_both_ways_zoo_lists_them() -> None:
     def listed(value):
         raise ValueError(f"unknown x {value!r}; valid choices: ['a', 'b', 'none']")
