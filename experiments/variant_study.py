@@ -527,20 +527,25 @@ def columns_of(columns: list[Task]) -> list[tuple[str, str, int, bool]]:
     return out
 
 
+def best(scored: list[tuple[float, str]], higher: bool, digits: int) -> tuple[str, str]:
+    """(the rows with the best value as shown, that value): rows that tie at the shown precision all win."""
+    value = (max if higher else min)(v for v, _ in scored)
+    shown = fmt(value, digits)
+    return ", ".join(name for v, name in scored if fmt(v, digits) == shown), shown
+
+
 def winners(cells: dict, quality: list[tuple[str, str, int, bool]], speed: dict) -> list[str]:
     lines = []
     for key, header, digits, higher in quality:
-        scored = [
-            (row[key]["median"], name) for name, row in cells.items() if row.get(key, {}).get("median") is not None
-        ]
+        scored = [(r[key]["median"], name) for name, r in cells.items() if r.get(key, {}).get("median") is not None]
         if scored:
-            value, name = (max if higher else min)(scored)
-            lines.append(f"- {header}: **{name}** ({fmt(value, digits)}; {len(scored)} rows with a number)")
+            names, value = best(scored, higher, digits)
+            lines.append(f"- {header}: **{names}** ({value}; {len(scored)} rows with a number)")
     for n in speed["lengths"]:
         scored = [(r[n]["value"], name) for name, r in speed["rows"].items() if r.get(n, {}).get("status") == "ok"]
         if scored:
-            value, name = min(scored)
-            lines.append(f"- training step at n={n}: **{name}** ({value:.0f} ms)")
+            names, value = best(scored, False, 0)
+            lines.append(f"- training step at n={n}: **{names}** ({value} ms)")
     return lines
 
 

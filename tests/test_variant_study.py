@@ -155,7 +155,9 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
     assert (
         "- ViT digits (test acc): **local** (0.980" in text and "- training step at n=2000: **local** (300 ms)" in text
     )
+    assert "- GPT tiny-shakespeare char (val loss): **full** (1.9000; 2 rows" in text  # lower is better
     assert "| Performer | 42.77 | 18.01 | favor, linear+favor |" in text and "smaller" in text
+    assert variant_study.best([(0.1, "a"), (0.1004, "b"), (0.09, "c")], True, 3) == ("a, b", "0.100")  # a tie
     variant_study.plot(cells, variant_study.columns_of(columns), tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
     (tmp_path / "variant_study.md").write_text(text)
