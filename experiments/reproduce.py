@@ -12,7 +12,9 @@ gathers their numbers):
   Hugging Face GPT-2, with MFU), experiments/vit_throughput.py (images/s vs timm), and
   experiments/kv_cache_benchmark.py (per-token generation time vs context);
 - gpt, vit, translation, clip: quality per model x attention variant through `python run.py ...`, next to
-  the published anchors.
+  the published anchors;
+- variants: experiments/variant_study.py, every attention setting in every family and on the long-range tasks
+  (pixel sequences, ListOps), quality next to speed.
 
 Full mode writes experiments/results/RESULTS.md (and its PNG plots and the per-study files); --quick
 writes experiments/results/quick/ so that a quick check never replaces the committed figures. Training
@@ -42,7 +44,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 VARIANTS = ("full", "local", "linear", "rope")
-STUDIES = ("attention", "speed", "gpt", "vit", "translation", "clip")
+STUDIES = ("attention", "speed", "gpt", "vit", "translation", "clip", "variants")
+IDX_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)  # Fashion-MNIST
 
 
 @dataclass
@@ -65,13 +73,7 @@ def quality_runs(args: argparse.Namespace) -> list[Run]:
     multi30k = args.shared / "multi30k"
     multi30k_files = [multi30k / f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr")
                       for lang in ("de", "en")]  # fmt: skip
-    idx_files = (
-        "train-images-idx3-ubyte",
-        "train-labels-idx1-ubyte",
-        "t10k-images-idx3-ubyte",
-        "t10k-labels-idx1-ubyte",
-    )
-    fashion_files = [args.fashion_mnist / f"{name}*" for name in idx_files]  # plain or .gz
+    fashion_files = [args.fashion_mnist / f"{name}*" for name in IDX_FILES]  # plain or .gz
     runs: list[Run] = []
     for variant in VARIANTS:
         for seed in seeds:
@@ -383,6 +385,19 @@ def attention_markdown(out: Path) -> tuple[str, list[str]]:
     return text, headline
 
 
+def variant_study_markdown(out: Path) -> str:
+    """The variant study's winners, with a link to its page (experiments/variant_study.py writes both)."""
+    page = out / "variant_study.md"
+    if not page.is_file():
+        return "## The variant study\n\nNot run yet: `python experiments/reproduce.py --only variants`."
+    found = re.search(r"^## Which setting wins where\n\n(.*?)(?=^## |\Z)", page.read_text(), re.M | re.S)
+    winners = found.group(1).strip() if found else ""
+    return (
+        "## The variant study\n\nEvery attention setting in every model family and on the long-range tasks, quality "
+        f"next to speed: [variant_study.md](variant_study.md). Best setting per column:\n\n{winners}"
+    )
+
+
 def write_results(args, info, summary, attention, speed, out: Path) -> Path:
     headline = ["| figure | measured | target or published anchor |", "|---|---|---|", *attention[1], *speed[1]]
     for row in summary:
@@ -409,6 +424,7 @@ def write_results(args, info, summary, attention, speed, out: Path) -> Path:
         + quality_markdown(summary)
         + "\n\n![quality](quality.png)",
         "## Speed\n\n" + "\n\n".join(part for part in (attention[0], speed[0]) if part),
+        variant_study_markdown(out),
     ]
     path = out / "RESULTS.md"
     path.write_text("\n\n".join(text) + "\n")
@@ -455,6 +471,11 @@ def main(argv: list[str] | None = None) -> None:
         run_script("kv_cache_benchmark.py", quick_kv, speed_files["kv_cache"], runs_dir)
     loaded = {k: json.loads(p.read_text()) if p.is_file() else None for k, p in speed_files.items()}
     speed = speed_markdown(loaded["gpt_throughput"], loaded["vit_throughput"], loaded["kv_cache"], args.out)
+
+    if "variants" in args.only:
+        command = [sys.executable, str(EXPERIMENTS / "variant_study.py"), "--out", str(args.out), "--shared",
+                   str(args.shared), "--fashion-mnist", str(args.fashion_mnist)]  # fmt: skip
+        run_command(command + ["--quick"] * args.quick + ["--reuse"] * args.reuse, runs_dir / "variant_study.log")
 
     runs = quality_runs(argparse.Namespace(**{**vars(args), "only": STUDIES}))
     results = {}

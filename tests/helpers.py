@@ -156,19 +156,22 @@ def tiny_datasets(root: Path) -> dict[str, Path]:
 
 def tiny_data_overrides(cfg: DictConfig, data: dict[str, Path]) -> list[str]:
     """Overrides pointing a composed config's data at the tiny files, by the data module it builds (the image
-    module of a caption dataset sits under data.images). A file-backed module not listed here is an error:
-    a test must not read real data or download."""
+    module of a caption or pixel-sequence dataset sits under data.images), and making generated data sets small.
+    A file-backed module not listed here is an error: a test must not read real data or download."""
     files = {
         "FashionMNISTDataModule": ("data_dir", data["fashion_mnist"]),
         "Multi30kDataModule": ("data_dir", data["multi30k"]),
         "ShakespeareDataModule": ("path", data["text"]),
     }
+    generated = {"ListOpsDataModule": {"num_train": 64, "num_val": 16, "num_test": 16}}  # a few at full length
     overrides = []
     for prefix, node in (("data", cfg.data), ("data.images", cfg.data.get("images"))):
         if node is None or "_target_" not in node:
             continue
         name = node._target_.rsplit(".", 1)[-1]
-        if name in files:
+        if name in generated:
+            overrides += [f"{prefix}.{key}={value}" for key, value in generated[name].items()]
+        elif name in files:
             key, path = files[name]
             overrides.append(f"{prefix}.{key}={path}")
         elif "download" in node:

@@ -5,10 +5,10 @@ pre-norm Transformer read out at the end-of-text token. Both are projected witho
 and L2-normalised; their cosine similarities times a learned temperature are the logits of the
 contrastive loss (zoo/tasks/contrastive_loss.py).
 
-Every block comes from zoo.nn.blocks, so the attention group (full, local, linear, RoPE) applies to both
-towers: RoPE replaces the learned position tables (2D axial positions for image patches, 1D for text).
-`CLIP.from_huggingface` copies a `transformers` CLIPModel one to one; `CLIP.from_pretrained` reads one
-saved to disk.
+Both towers are built on zoo's encoder trunk (zoo/nn/encoder.py: blocks and final norm), so the attention
+group (full, local, linear, RoPE) applies to both: RoPE replaces the learned position tables (2D axial
+positions for image patches, 1D for text). `CLIP.from_huggingface` copies a `transformers` CLIPModel one to
+one; `CLIP.from_pretrained` reads one saved to disk.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from torch import nn
 
 from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, TokenLayout
 from zoo.models.vit import ViT, ViTConfig
-from zoo.nn import ModelConfig, transformer_stack
+from zoo.nn import ModelConfig
 from zoo.nn.activations import from_huggingface_activation
+from zoo.nn.encoder import EncoderTrunk
 from zoo.weights import read_weights
 
 TEXT_POOLINGS = ("eot", "argmax")
@@ -62,7 +63,7 @@ class TextTransformerConfig(ModelConfig):
             raise ValueError(f"text.eot_token_id must be in [0, vocab_size={self.vocab_size}), got {self.eot_token_id}")
 
 
-class TextTransformer(nn.Module):
+class TextTransformer(EncoderTrunk):
     """Token + position embeddings -> causal pre-norm blocks -> LayerNorm -> the end-of-text state.
 
     Causal attention makes the end-of-text state a summary of the whole caption that padding after it
@@ -77,21 +78,8 @@ class TextTransformer(nn.Module):
         relative = config.attention.relative_positions  # RoPE or a position bias: positions act inside attention
         self.pos_embed = None if relative else LearnedPositionalEmbedding(config.dim, config.max_length)
         self.dropout = nn.Dropout(config.dropout)
-        self.blocks = transformer_stack(
-            config.depth,
-            config.dim,
-            config.num_heads,
-            config.attention,
-            causal=True,
-            mlp_dim=config.mlp_dim,
-            dropout=config.dropout,
-            activation=config.activation,
-            bias=config.bias,
-            norm_eps=config.norm_eps,
-            norm_first=True,
-            layout=TokenLayout(max_length=config.max_length),
-        )
-        self.norm = nn.LayerNorm(config.dim, eps=config.norm_eps, bias=config.bias)
+        # No head: CLIP projects the pooled state (text_projection).
+        self.build_trunk(config, TokenLayout(max_length=config.max_length), causal=True, norm_bias=config.bias)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -122,10 +110,7 @@ class TextTransformer(nn.Module):
         x = self.token_embedding(token_ids)
         if self.pos_embed is not None:
             x = self.pos_embed(x)
-        x = self.dropout(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.norm(x)
+        return self.forward_blocks(self.dropout(x))
 
     def eot_positions(self, token_ids: torch.Tensor) -> torch.Tensor:
         """(B, T) -> (B,) index of the end-of-text token of each sequence."""

@@ -1,6 +1,7 @@
 """Vision Transformer (Dosovitskiy et al. 2021): patches -> pre-norm Transformer -> pooled head.
 
-Layout follows timm's `forward_features` / `forward_head` split. Every block's attention comes from
+Layout follows timm's `forward_features` / `forward_head` split. Blocks, final norm, pooling and head are
+the encoder trunk every zoo encoder shares (zoo/nn/encoder.py); every block's attention comes from
 zoo.attention; with `attention.rope` the patches get 2D axial rotary positions instead of the
 learned table.
 """
@@ -15,10 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.attention import AttentionConfig, TokenLayout
-from zoo.nn import ModelConfig, transformer_stack
+from zoo.nn import ModelConfig
+from zoo.nn.encoder import POOLINGS, EncoderTrunk, pool_tokens
 from zoo.weights import read_weights
-
-POOLINGS = ("cls", "mean")
 
 
 @dataclass
@@ -68,7 +68,7 @@ class ViTConfig(ModelConfig):
         return self.image_size // self.patch_size
 
 
-class ViT(nn.Module):
+class ViT(EncoderTrunk):
     def __init__(self, config: ViTConfig | None = None, **overrides: Any) -> None:
         super().__init__()
         config = config or ViTConfig(**overrides)
@@ -84,23 +84,7 @@ class ViT(nn.Module):
         self.pos_embed = None if config.attention.rope else nn.Parameter(torch.zeros(1, layout.max_length, config.dim))
         self.pos_drop = nn.Dropout(config.dropout)
         self.norm_pre = nn.LayerNorm(config.dim, eps=config.norm_eps) if config.pre_norm else nn.Identity()
-        drop_rates = torch.linspace(0, config.drop_path, config.depth).tolist()
-        self.blocks = transformer_stack(
-            config.depth,
-            config.dim,
-            config.num_heads,
-            config.attention,
-            drop_path=drop_rates,
-            mlp_dim=config.mlp_dim,
-            dropout=config.dropout,
-            activation=config.activation,
-            bias=config.bias,
-            norm_eps=config.norm_eps,
-            layout=layout,
-            norm_first=True,
-        )
-        self.norm = nn.LayerNorm(config.dim, eps=config.norm_eps)
-        self.head = nn.Linear(config.dim, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        self.build_trunk(config, layout)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -108,13 +92,7 @@ class ViT(nn.Module):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.trunc_normal_(module.weight, std=0.02)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-        if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)  # start from uniform predictions (timm's head init)
+        self.init_linear_layers()
 
     @property
     def num_features(self) -> int:
@@ -134,10 +112,7 @@ class ViT(nn.Module):
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> normalised tokens (B, N(+1), dim)."""
-        x = self.patchify(images)
-        for block in self.blocks:
-            x = block(x)
-        return self.norm(x)
+        return self.forward_blocks(self.patchify(images))
 
     @torch.no_grad()
     def attention_weights(self, images: torch.Tensor) -> list[torch.Tensor]:
@@ -151,7 +126,7 @@ class ViT(nn.Module):
 
     def pool(self, features: torch.Tensor) -> torch.Tensor:
         """(B, N(+1), dim) -> (B, dim): the class token, or the mean of the patch tokens."""
-        return features[:, 0] if self.config.pool == "cls" else features.mean(dim=1)
+        return pool_tokens(features, self.config.pool)
 
     def forward_head(self, features: torch.Tensor) -> torch.Tensor:
         return self.head(self.pool(features))

@@ -1,8 +1,21 @@
-"""Building blocks on the attention core (pure PyTorch): the Transformer block, MLP, drop path, the
-activation table, and the config base every model's config extends."""
+"""Building blocks on the attention core (pure PyTorch): the Transformer block, MLP, drop path, the encoder
+trunk (blocks, final norm, pooling, head) the encoders share, the activation table, and the config base every
+model's config extends."""
 
 from zoo.nn.activations import ACTIVATIONS, get_activation
 from zoo.nn.blocks import MLP, DropPath, TransformerBlock, transformer_stack
 from zoo.nn.config import ModelConfig
+from zoo.nn.encoder import POOLINGS, EncoderTrunk, pool_tokens
 
-__all__ = ["ACTIVATIONS", "MLP", "DropPath", "ModelConfig", "TransformerBlock", "get_activation", "transformer_stack"]
+__all__ = [
+    "ACTIVATIONS",
+    "MLP",
+    "POOLINGS",
+    "DropPath",
+    "EncoderTrunk",
+    "ModelConfig",
+    "TransformerBlock",
+    "get_activation",
+    "pool_tokens",
+    "transformer_stack",
+]

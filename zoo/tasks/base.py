@@ -23,7 +23,7 @@ class ZooTask(L.LightningModule):
     min_lr}. Total steps come from the Trainer (max_steps, or epochs x batches).
     """
 
-    family: ClassVar[str] = ""  # the model family: vit, gpt, translation, clip (model=<family> on the command line)
+    family: ClassVar[str] = ""  # the model family: vit, gpt, translation, clip, sequence_classifier (model=<family>)
     net: torch.nn.Module
     tokenizer: Any = None  # text tasks: a Hugging Face tokenizer, kept in every checkpoint as JSON
 

@@ -1,4 +1,6 @@
-"""Image classification with a ViT: cross-entropy (optional label smoothing), top-1 accuracy."""
+"""Classification: cross-entropy (optional label smoothing), top-1 accuracy and a test confusion matrix, for
+images with a ViT and for token sequences (the long-range tasks: pixel sequences, ListOps) with zoo's
+sequence classifier."""
 
 from __future__ import annotations
 
@@ -8,13 +10,14 @@ import torch
 import torch.nn.functional as F
 import torchmetrics
 
+from zoo.models.sequence_classifier import SequenceClassifier, SequenceClassifierConfig
 from zoo.models.vit import ViT, ViTConfig, vit_from_pretrained
 from zoo.tasks.base import ZooTask
 from zoo.training.loggers import confusion_matrix_figure, log_image, wants_media
 
 
-class ImageClassificationTask(ZooTask):
-    family = "vit"
+class ClassificationTask(ZooTask):
+    """(inputs, labels) batches through `self.net` (the subclass's `build_net`) to logits."""
 
     def __init__(
         self,
@@ -27,27 +30,22 @@ class ImageClassificationTask(ZooTask):
     ) -> None:
         super().__init__(optimizer, scheduler, compile)
         self.save_hyperparameters()
-        if pretrained:
-            # torchvision weights or a zoo checkpoint; the checkpoint of this run then holds all weights.
-            self.net, notes = vit_from_pretrained(pretrained, ViTConfig.from_dict(net))
-            self.hparams.net = self.net.config.to_dict()  # the architecture actually built
-            self.hparams.pretrained = None
-            for note in notes:
-                print(f"pretrained: {note}")
-        else:
-            self.net = ViT(ViTConfig.from_dict(net))
+        self.net = self.build_net(net, pretrained)
         self.label_smoothing = label_smoothing
         num_classes = self.net.config.num_classes
         metric = lambda: torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
         self.train_acc, self.val_acc, self.test_acc = metric(), metric(), metric()
         self.test_confusion = torchmetrics.ConfusionMatrix(task="multiclass", num_classes=num_classes)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.net(images)
+    def build_net(self, net: dict[str, Any], pretrained: str | None) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.net(inputs)
 
     def _step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> torch.Tensor:
-        images, labels = batch
-        logits = self(images)
+        inputs, labels = batch
+        logits = self(inputs)
         loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing if stage == "train" else 0.0)
         accuracy = getattr(self, f"{stage}_acc")
         accuracy(logits, labels)
@@ -73,3 +71,29 @@ class ImageClassificationTask(ZooTask):
         if wants_media(self):
             names = getattr(self.trainer.datamodule, "classes", None) or None
             log_image(self, "test/confusion_matrix", confusion_matrix_figure(confusion, names))
+
+
+class ImageClassificationTask(ClassificationTask):
+    family = "vit"
+
+    def build_net(self, net: dict[str, Any], pretrained: str | None) -> ViT:
+        if not pretrained:
+            return ViT(ViTConfig.from_dict(net))
+        # torchvision weights or a zoo checkpoint; the checkpoint of this run then holds all weights.
+        model, notes = vit_from_pretrained(pretrained, ViTConfig.from_dict(net))
+        self.hparams.net = model.config.to_dict()  # the architecture actually built
+        self.hparams.pretrained = None
+        for note in notes:
+            print(f"pretrained: {note}")
+        return model
+
+
+class SequenceClassificationTask(ClassificationTask):
+    """Token sequences (B, T) int64 -> one of num_classes: the long-range tasks (conf/experiment/lra_*.yaml)."""
+
+    family = "sequence_classifier"
+
+    def build_net(self, net: dict[str, Any], pretrained: str | None) -> SequenceClassifier:
+        if pretrained:
+            raise ValueError("model.pretrained is for ViT weights; the sequence classifier trains from scratch (null)")
+        return SequenceClassifier(SequenceClassifierConfig.from_dict(net))

@@ -1,0 +1,709 @@
+"""The variant study: every attention variant and position option of zoo, in every model family and on two
+long-range tasks, quality next to speed, measured on one machine by one command.
+
+    python experiments/variant_study.py --quick     # scaled down: under 10 minutes on 2 CPU cores
+    python experiments/variant_study.py             # the study (hours on 2 CPU cores)
+    python experiments/variant_study.py --reuse     # keep the runs that finished (after a stop), redo the rest
+    python experiments/variant_study.py --rows full local --tasks vit_digits lra_listops
+
+Rows are found at run time, so variants and options that land later join the table without an edit here:
+- every kernel in zoo.attention.registry.VARIANTS, with its conf/attention/<name>.yaml when there is one;
+- every other conf/attention/*.yaml (a named combination, e.g. rope = full + rotary positions);
+- every AttentionConfig field that is off by default (a bool: `rope`) or has named choices (e.g. a position
+  bias), on the first of those rows that takes it (full; rope for an option of RoPE), and every kernel option
+  with named choices (e.g. a feature map) on its kernel: one row per choice. Choices are read off the one-line
+  error an unknown value gets ("... valid choices: a, b"), which every option of zoo gives (CONVENTIONS.md);
+- options listed in ANTICIPATED (e.g. kv_heads=1, multi-query attention), once AttentionConfig accepts them.
+Rows with the same effective AttentionConfig are one row.
+
+Columns (one `python run.py` job each, run in this process: the command line's own code path, without a new
+interpreter per job): digits ViT test accuracy, tiny-shakespeare char GPT val loss (and at 4x the training
+block, where the weights allow a longer input), numbers-task translation BLEU, digits CLIP zero-shot top-1,
+pixel-sequence accuracy (Fashion-MNIST, 784 tokens; digits, 64 tokens, in --quick), ListOps accuracy (up to
+2000 tokens; 256 in --quick), and the training time per step of the sequence classifier at n=784 and n=2000.
+A job shorter than 5 minutes is repeated for 3 seeds and reported as the median (--quick: 1 seed). A job that
+exits with a one-line error (bad input: a variant that cannot run a task by definition) shows that line.
+
+Results: experiments/results/variant_study.{md,json,png} (--quick: experiments/results/quick/), with every job's
+wall time, date and the machine; the jobs' folders are outputs/variant_study/<mode>/<task>/<row>-seed<n>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import json
+import logging
+import re
+import runpy
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: `python experiments/variant_study.py`
+    sys.path.insert(0, str(ROOT))
+
+from experiments.reproduce import IDX_FILES, fmt, machine, table  # noqa: E402
+
+CONF = ROOT / "conf"
+ANTICIPATED = {"kv_heads": 1}  # options without named choices worth a row of their own: the value to try
+LONG_RUN_S = 300.0  # jobs shorter than this get 3 seeds (median reported)
+SPEED_SHAPES = {784: (256, None), 2000: (16, 0)}  # n -> (vocabulary, padding id): the pixel task, ListOps
+
+# Long Range Arena, Tay et al. 2021, Table 1 (accuracy %, as the LRA repository's leaderboard of 8 Nov 2020):
+# ListOps (up to 2000 tokens) and Image (CIFAR-10 as 1024 grey pixels), with the row of ours each matches.
+LRA_TABLE_1 = {
+    "Transformer": {"ListOps": 36.37, "Image": 42.44, "rows": ("full",)},
+    "Local Attention": {"ListOps": 15.82, "Image": 41.46, "rows": ("local",)},
+    "Linformer": {"ListOps": 35.70, "Image": 38.56, "rows": ("compressed",)},
+    "Sparse Transformer": {"ListOps": 17.07, "Image": 44.24, "rows": ("sparse",)},
+    "Linear Transformer": {"ListOps": 16.13, "Image": 42.34, "rows": ("linear",)},
+    "Performer": {"ListOps": 18.01, "Image": 42.77, "rows": ("favor", "linear+favor")},
+}
+
+
+# -- rows: the attention settings, found at run time ----------------------------------------------------------
+@dataclass(frozen=True)
+class Row:
+    name: str
+    overrides: tuple[str, ...]  # what selects it on the command line
+    attention: dict  # its effective AttentionConfig, flat (the speed benchmark builds it directly)
+    origin: str  # where it was found
+
+
+def load_yaml(path: Path) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+def named_choices(build) -> list[str]:
+    """The choices an option names in its one-line error for an unknown value ([] when it names none)."""
+    try:
+        build("\x00unknown")
+    except (ValueError, TypeError) as error:
+        found = re.search(r"valid choices?: ([^;]+)", str(error))
+        if found is None:
+            return []
+        words = [word.strip().strip("'\"") for word in found.group(1).strip().strip("[]").split(",")]
+        return [word for word in words if word and " " not in word and word.lower() not in ("none", "null")]
+    return []
+
+
+def discover_rows() -> tuple[list[Row], list[str]]:
+    """(rows, notes on candidates left out and why)."""
+    from zoo.attention import VARIANTS, AttentionConfig
+
+    rows: list[Row] = []
+    notes: list[str] = []
+
+    def add(name: str, overrides: list[str], attention: dict, origin: str) -> None:
+        settings = {key: value for key, value in attention.items() if key != "_target_"}
+        try:
+            effective = AttentionConfig(**settings).to_dict()
+        except ValueError as error:
+            notes.append(f"{name} ({origin}): {' '.join(str(error).split())}")
+            return
+        if not any(row.attention == effective for row in rows):
+            rows.append(Row(name, tuple(overrides), effective, origin))
+
+    def add_on_first_base(option: str, value: object, label: str, origin: str) -> None:
+        """option=value on the first row found so far that takes it (full; or rope, for an option of RoPE)."""
+        for row in list(rows[:bases]):
+            settings = {**row.attention, option: value}
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            with contextlib.suppress(ValueError):
+                AttentionConfig(**settings)
+                add(f"{row.name}+{label}", [*row.overrides, f"++attention.{option}={text}"], settings, origin)
+                return
+        notes.append(f"{label} ({origin}): no row takes {option}={value}")
+
+    def base(variant: str) -> tuple[list[str], dict, str]:
+        path = CONF / "attention" / f"{variant}.yaml"
+        if path.is_file():
+            return [f"attention={variant}"], load_yaml(path), f"conf/attention/{variant}.yaml"
+        return [f"attention.variant={variant}"], {"variant": variant}, "zoo.attention.registry.VARIANTS"
+
+    for variant in VARIANTS:
+        add(variant, *base(variant))
+    for path in sorted((CONF / "attention").glob("*.yaml")):
+        if path.stem not in VARIANTS:
+            add(path.stem, [f"attention={path.stem}"], load_yaml(path), f"conf/attention/{path.name}")
+    bases = len(rows)  # the variants and named settings: what an option is tried on
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    parameters = inspect.signature(AttentionConfig.__init__).parameters.values()
+    shared = [p for p in parameters if p.kind in named and p.name not in ("self", "variant", "options")]
+    for parameter in shared:
+        if parameter.default is False:
+            add_on_first_base(parameter.name, True, parameter.name, f"AttentionConfig.{parameter.name}")
+        elif parameter.default is None or isinstance(parameter.default, str):
+            build = lambda value, name=parameter.name: AttentionConfig(**{name: value})  # noqa: E731
+            for choice in named_choices(build):
+                if choice != parameter.default:
+                    add_on_first_base(parameter.name, choice, choice, f"AttentionConfig.{parameter.name}")
+    for variant, kernel in VARIANTS.items():
+        overrides, attention, _ = base(variant)
+        options = inspect.signature(kernel.__init__).parameters
+        for name in kernel.option_names():
+            default = options[name].default
+            if default is not None and not isinstance(default, str):
+                continue
+            build = lambda value, v=variant, n=name: AttentionConfig(variant=v, **{n: value})  # noqa: E731
+            for choice in named_choices(build):
+                if choice != default:
+                    add(f"{variant}+{choice}", [*overrides, f"++attention.{name}={choice}"],
+                        {**attention, name: choice}, f"{kernel.__name__}.{name}")  # fmt: skip
+    known = {p.name for p in shared} | {name for kernel in VARIANTS.values() for name in kernel.option_names()}
+    for name, value in ANTICIPATED.items():
+        if name in known:
+            add_on_first_base(name, value, f"{name}={value}", f"ANTICIPATED: {name}")
+    return rows, notes
+
+
+# -- columns: the tasks ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Task:
+    key: str
+    title: str  # column header
+    metric: str  # the metrics.json key reported
+    higher_is_better: bool
+    overrides: tuple[str, ...]
+    needs: tuple[Path, ...] = ()  # files that must exist (else the column is skipped, with the reason)
+    digits: int = 3
+
+
+def tasks(args: argparse.Namespace) -> list[Task]:
+    quick = args.quick
+    shakespeare = args.shared / "tinyshakespeare" / "input.txt"
+    fashion = [args.fashion_mnist / f"{name}*" for name in IDX_FILES]  # plain or .gz
+    return [
+        Task("vit_digits", "ViT digits (test acc)", "test/acc", True,
+             ("model=vit", *(["trainer.max_epochs=3"] if quick else []))),
+        Task("gpt_char", "GPT tiny-shakespeare char (val loss)", "val/loss", False,
+             ("experiment=gpt_shakespeare_char", f"data.path={shakespeare}",
+              *(["trainer.max_steps=60", "trainer.val_check_interval=60", "data.eval_batches=20",
+                 "model.sample.max_new_tokens=0"] if quick else [])), (shakespeare,), 4),
+        Task("translation_numbers", "Transformer numbers de-en (test BLEU)", "test/bleu", True,
+             ("model=translation", *(["data.num_train=600", "data.num_val=40", "data.num_test=40", "model.beam_size=1",
+                                      "model.alignment_plots=false", "trainer.max_epochs=1"] if quick else [])),
+             digits=1),
+        Task("clip_digits", "CLIP digits (zero-shot top-1)", "test/zero_shot_top1", True,
+             ("model=clip", *(["trainer.max_epochs=2"] if quick else []))),
+        Task("lra_pixel", f"pixel sequence {'digits, 64' if quick else 'Fashion-MNIST, 784'} tokens (test acc)",
+             "test/acc", True,
+             ("experiment=lra_pixel", *(["data=pixel_sequence_digits", "trainer.max_epochs=2", "++attention.window=16"]
+                                        if quick else [f"data.images.data_dir={args.fashion_mnist}"])),
+             () if quick else tuple(fashion)),
+        Task("lra_listops", f"ListOps <= {256 if quick else 2000} tokens (test acc)", "test/acc", True,
+             ("experiment=lra_listops", *(["data.max_length=256", "data.num_train=480", "data.num_val=64",
+                                           "data.num_test=64", "trainer.max_epochs=1", "++attention.window=64"]
+                                          if quick else []))),
+    ]  # fmt: skip
+
+
+EXTRAPOLATION = "gpt_char@4x"  # the GPT's val loss at 4x its training block (a column of its own)
+
+
+# -- running a job in this process ----------------------------------------------------------------------------
+@dataclass
+class Job:
+    task: Task
+    row: Row
+    seed: int
+    folder: Path
+
+    @property
+    def arguments(self) -> list[str]:
+        return [*self.task.overrides, *self.row.overrides, f"seed={self.seed}", f"hydra.run.dir={self.folder}",
+                "print_config=false", "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null",
+                "+trainer.enable_progress_bar=false"]  # fmt: skip
+
+
+def stream_handlers() -> list[logging.StreamHandler]:
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]
+    return [h for logger in loggers for h in getattr(logger, "handlers", []) if type(h) is logging.StreamHandler]
+
+
+def point(handler: logging.StreamHandler, stream) -> None:
+    with contextlib.suppress(ValueError):  # its stream may be closed already
+        handler.flush()
+    handler.stream = stream
+
+
+@contextlib.contextmanager
+def output_to(handle) -> Iterator[None]:
+    """stdout, stderr and the console handlers of logging (Lightning's own, Hydra's) written to `handle`, and
+    pointed back at the console afterwards (a handler left on a closed file fails at its next message)."""
+    console = {h: h.stream for h in stream_handlers()}
+    for handler in console:
+        point(handler, handle)
+    try:
+        with contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
+            yield
+    finally:
+        for handler in stream_handlers():
+            if handler.stream is handle:
+                previous = console.get(handler, sys.stderr)
+                point(handler, sys.__stderr__ if getattr(previous, "closed", False) else previous)
+
+
+def run_in_process(arguments: list[str], log: Path) -> int:
+    """`python run.py <arguments>` executed here (runpy), its output in `log`; returns the exit status."""
+    argv, code = sys.argv, 0
+    with open(log, "w") as handle, output_to(handle):
+        sys.argv = [str(ROOT / "run.py"), *arguments]
+        try:
+            runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        except Exception:  # a bug: its traceback goes to the log, the study goes on
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.argv = argv
+    return code
+
+
+def error_line(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("error: ")]
+    return lines[-1][len("error: ") :] if lines else "exit 2 without a message"
+
+
+def run_job(job: Job, reuse: bool) -> dict:
+    record = job.folder / "study_result.json"
+    if reuse and record.is_file():
+        return json.loads(record.read_text())
+    missing = [str(path) for path in job.task.needs if not any(path.parent.glob(path.name))]
+    if missing:
+        return {"status": "skipped", "reason": f"{', '.join(missing)} not found"}
+    if job.folder.exists():  # an unfinished or older job: keep it aside rather than delete it
+        job.folder.rename(job.folder.with_name(f"{job.folder.name}.old-{datetime.now():%Y%m%d-%H%M%S}"))
+    job.folder.mkdir(parents=True)
+    log = job.folder / "study.log"
+    print(f"{job.task.key} / {job.row.name} / seed {job.seed} ...", end=" ", flush=True)
+    start = time.perf_counter()
+    code = run_in_process(job.arguments, log)
+    wall = time.perf_counter() - start
+    metrics_file = job.folder / "metrics.json"
+    if code == 0 and metrics_file.is_file():
+        metrics = json.loads(metrics_file.read_text())
+        value = metrics.get(job.task.metric)
+        result = {"status": "ok", "value": value, "metrics": metrics} if value is not None else \
+            {"status": "failed", "reason": f"no {job.task.metric} in {metrics_file}"}  # fmt: skip
+    elif code == 2:
+        result = {"status": "error", "reason": error_line(log)}  # bad input: by definition, as run.py says it
+    else:
+        result = {"status": "failed", "reason": f"failed (exit {code}): see {log}"}
+    result.update(wall_s=round(wall, 1), date=datetime.now().strftime("%Y-%m-%d %H:%M"), seed=job.seed,
+                  command="python run.py " + " ".join(job.arguments))  # fmt: skip
+    print(f"{result['status']} {fmt(result.get('value'), job.task.digits) if result['status'] == 'ok' else ''} "
+          f"({wall:.0f} s)", flush=True)  # fmt: skip
+    record.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+# -- the GPT at 4x its block ----------------------------------------------------------------------------------
+def compose(overrides: list[str], folder: Path):
+    """The config `python run.py <overrides>` would see, with outputs in `folder`."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    import zoo.app.cli  # noqa: F401  (the fresh_dir resolver of conf/hydra/default.yaml)
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        cfg.paths.root_dir, cfg.paths.output_dir, cfg.paths.log_dir = str(ROOT), str(folder), str(folder)
+    return cfg
+
+
+def extrapolation(job: Job, quick: bool, factor: int = 4) -> dict:
+    """Val loss of a trained GPT at `factor` x its block: the same weights in a GPT with a longer block (a learned
+    position table, or any weight shaped by the block, has no rows for it: the one-line reason instead)."""
+    import hydra
+    import torch
+    import torch.nn.functional as F
+
+    from zoo.data.tokenizers import tokenizer_to_string
+    from zoo.models.gpt import GPT, GPTConfig
+    from zoo.weights import network_state_dict, read_checkpoint
+
+    checkpoint = read_checkpoint(job.folder / "checkpoints" / "last.ckpt")
+    net = dict(checkpoint["hyper_parameters"]["net"])
+    block = net["block_size"]
+    try:
+        model = GPT(GPTConfig.from_dict({**net, "block_size": factor * block}))
+    except ValueError as error:
+        return {"status": "error", "reason": " ".join(str(error).split())}
+    state, own = network_state_dict(checkpoint["state_dict"]), model.state_dict()
+    for key, value in state.items():
+        if key in own and own[key].shape != value.shape:
+            return {"status": "error", "reason": f"{key} is {tuple(value.shape)} for block {block}, "
+                    f"{tuple(own[key].shape)} at block {factor * block}: no weights for the longer input"}  # fmt: skip
+    model.load_state_dict(state)
+    model.eval()
+    overrides = [*job.task.overrides, *job.row.overrides, f"data.block_size={factor * block}",
+                 f"data.eval_batches={8 if quick else 'null'}", "data.eval_batch_size=16"]  # fmt: skip
+    data = hydra.utils.instantiate(compose(overrides, job.folder / "extrapolation").data, _convert_="all")
+    data.setup("validate")
+    if tokenizer_to_string(data.tokenizer) != checkpoint["tokenizer"]:
+        return {"status": "failed", "reason": "the data's tokenizer differs from the checkpoint's"}
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y in data.val_dataloader():
+            total += float(F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum"))
+            count += y.numel()
+    return {"status": "ok", "value": total / count, "block": factor * block}
+
+
+def longer_block(job: Job, result: dict, args: argparse.Namespace) -> dict:
+    """The 4x evaluation of a finished GPT job, kept beside it (reused with --reuse)."""
+    record = job.folder / "study_extrapolation.json"
+    if result["status"] != "ok":
+        return {"status": result["status"], "reason": result.get("reason")}
+    if args.reuse and record.is_file():
+        return json.loads(record.read_text())
+    start = time.perf_counter()
+    try:
+        outcome = extrapolation(job, args.quick)
+    except Exception as error:  # a bug in this evaluation must not end the study
+        outcome = {"status": "failed", "reason": f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"}
+    outcome["wall_s"] = round(time.perf_counter() - start, 1)
+    record.write_text(json.dumps(outcome, indent=2) + "\n")
+    return outcome
+
+
+# -- training time per step -----------------------------------------------------------------------------------
+def step_times(rows: list[Row], quick: bool, shapes: dict[int, tuple[int, int | None]] | None = None) -> dict:
+    """ms per training step (forward, backward, AdamW) of the long-range tasks' classifier (2 layers, width 64) at
+    each length n of `shapes` (n -> (vocabulary, padding id)): n=784 as the pixel task (256 pixel values, never
+    padded), n=2000 as ListOps (16 symbols, each sequence padded after a random length of n/4 to n tokens).
+    Rows are interleaved in every round; median over rounds."""
+    import torch
+    import torch.nn.functional as F
+
+    from zoo.models.sequence_classifier import SequenceClassifier, SequenceClassifierConfig
+
+    shapes = shapes or SPEED_SHAPES
+    batch, steps, rounds = (4, 2, 1) if quick else (32, 3, 3)
+    generator = torch.Generator().manual_seed(0)
+    inputs = {}
+    for n, (vocabulary, padding_id) in shapes.items():
+        low = 0 if padding_id is None else padding_id + 1
+        tokens = torch.randint(low, vocabulary, (batch, n), generator=generator)
+        if padding_id is not None:
+            lengths = torch.randint(n // 4, n + 1, (batch, 1), generator=generator)
+            tokens[torch.arange(n)[None, :] >= lengths] = padding_id
+        inputs[n] = (tokens, torch.randint(0, 10, (batch,), generator=generator))
+    models, results = {}, {row.name: {} for row in rows}
+    for row in rows:
+        for n, (vocabulary, padding_id) in shapes.items():
+            try:
+                config = SequenceClassifierConfig(
+                    vocab_size=vocabulary, max_length=n, padding_id=padding_id, dim=64, depth=2, num_heads=4,
+                    mlp_dim=128, dropout=0.1, attention=dict(row.attention),
+                )  # fmt: skip
+                model = SequenceClassifier(config).train()
+                models[row.name, n] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+            except ValueError as error:
+                results[row.name][n] = {"status": "error", "reason": " ".join(str(error).split())}
+    timings: dict = {key: [] for key in models}
+
+    def step(model, optimizer, tokens, labels) -> None:
+        loss = F.cross_entropy(model(tokens), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for round_ in range(rounds):
+        for (name, n), (model, optimizer) in models.items():
+            if n in results[name]:
+                continue  # it failed
+            tokens, labels = inputs[n]
+            try:
+                if round_ == 0:
+                    step(model, optimizer, tokens, labels)  # warm-up
+                start = time.perf_counter()
+                for _ in range(steps):
+                    step(model, optimizer, tokens, labels)
+                timings[name, n].append(1000 * (time.perf_counter() - start) / steps)
+            except (ValueError, RuntimeError) as error:
+                results[name][n] = {"status": "error", "reason": " ".join(str(error).split())[:300]}
+    for (name, n), values in timings.items():
+        if values and n not in results[name]:
+            results[name][n] = {"status": "ok", "value": statistics.median(values), "rounds": values}
+    return {"batch": batch, "steps": steps, "rounds": rounds, "threads": torch.get_num_threads(),
+            "lengths": list(shapes), "rows": results}  # fmt: skip
+
+
+# -- the study ------------------------------------------------------------------------------------------------
+def summarise(results: list[dict]) -> dict:
+    """Median (and range) of a cell's seeds, or the reason it has no number."""
+    values = [r["value"] for r in results if r["status"] == "ok" and r.get("value") is not None]
+    walls = [r["wall_s"] for r in results if r.get("wall_s") is not None]
+    reasons = sorted({r["reason"] for r in results if r["status"] != "ok" and r.get("reason")})
+    return {
+        "median": statistics.median(values) if values else None,
+        "values": values,
+        "wall_s": statistics.median(walls) if walls else None,
+        "reason": reasons[0] if reasons else None,
+    }
+
+
+def run_study(args: argparse.Namespace, rows: list[Row], columns: list[Task]) -> dict:
+    mode = "quick" if args.quick else "full"
+    runs_dir = args.runs_dir / mode
+    cells: dict[str, dict[str, dict]] = {row.name: {} for row in rows}
+    for task in columns:
+        for row in rows:
+            results = []
+            for seed in range(args.seeds):
+                job = Job(task, row, seed, runs_dir / task.key / f"{row.name}-seed{seed}")
+                result = run_job(job, args.reuse)
+                results.append(result)
+                if task.key == "gpt_char":
+                    cells[row.name].setdefault(EXTRAPOLATION, {"runs": []})["runs"].append(
+                        longer_block(job, result, args)
+                    )
+                if result["status"] != "ok" or (result.get("wall_s") or 0) >= LONG_RUN_S:
+                    break  # one seed of a long job (or of one that cannot run)
+            cells[row.name][task.key] = {"runs": results}
+    for row_cells in cells.values():
+        for cell in row_cells.values():
+            cell.update(summarise(cell["runs"]))
+    return cells
+
+
+# -- writing --------------------------------------------------------------------------------------------------
+class Footnotes:
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def mark(self, text: str) -> str:
+        if text not in self.notes:
+            self.notes.append(text)
+        return f"[{self.notes.index(text) + 1}]"
+
+    def markdown(self) -> str:
+        return "\n".join(f"[{i}] {note}" for i, note in enumerate(self.notes, 1))
+
+
+def cell_text(cell: dict | None, digits: int, notes: Footnotes) -> str:
+    if not cell:
+        return "not run"
+    if cell["median"] is None:
+        return notes.mark(cell["reason"] or "no value")
+    values = cell["values"]
+    spread = f" ({fmt(min(values), digits)}-{fmt(max(values), digits)})" if len(values) > 1 else ""
+    return fmt(cell["median"], digits) + spread
+
+
+def lra_anchor(row: str) -> str:
+    for model, scores in LRA_TABLE_1.items():
+        if row in scores["rows"]:
+            return f"{model}: {scores['Image']:.2f} / {scores['ListOps']:.2f}"
+    return "-"
+
+
+def columns_of(columns: list[Task]) -> list[tuple[str, str, int, bool]]:
+    """(key, header, digits, higher is better) of every quality column, the 4x extrapolation after the GPT's."""
+    out = []
+    for task in columns:
+        out.append((task.key, task.title, task.digits, task.higher_is_better))
+        if task.key == "gpt_char":
+            out.append((EXTRAPOLATION, "GPT val loss at 4x the block", 4, False))
+    return out
+
+
+def best(scored: list[tuple[float, str]], higher: bool, digits: int) -> tuple[str, str]:
+    """(the rows with the best value as shown, that value): rows that tie at the shown precision all win."""
+    value = (max if higher else min)(v for v, _ in scored)
+    shown = fmt(value, digits)
+    return ", ".join(name for v, name in scored if fmt(v, digits) == shown), shown
+
+
+def winners(cells: dict, quality: list[tuple[str, str, int, bool]], speed: dict) -> list[str]:
+    lines = []
+    for key, header, digits, higher in quality:
+        scored = [(r[key]["median"], name) for name, r in cells.items() if r.get(key, {}).get("median") is not None]
+        if scored:
+            names, value = best(scored, higher, digits)
+            lines.append(f"- {header}: **{names}** ({value}; {len(scored)} rows with a number)")
+    for n in speed["lengths"]:
+        scored = [(r[n]["value"], name) for name, r in speed["rows"].items() if r.get(n, {}).get("status") == "ok"]
+        if scored:
+            names, value = best(scored, False, 0)
+            lines.append(f"- training step at n={n}: **{names}** ({value} ms)")
+    return lines
+
+
+def plot(cells: dict, quality: list[tuple[str, str, int, bool]], path: Path) -> None:
+    """One panel per quality column: each row's median against its jobs' median wall time (log); the 4x column
+    is placed at the GPT job's time."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    columns = min(4, len(quality))
+    rows = math.ceil(len(quality) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.0 * rows), squeeze=False)
+    for ax in axes.flat[len(quality) :]:
+        ax.axis("off")
+    for ax, (key, header, _, higher) in zip(axes.flat, quality):
+        timed = "gpt_char" if key == EXTRAPOLATION else key
+        points = [(row[timed]["wall_s"], row[key]["median"], name) for name, row in cells.items()
+                  if row.get(key, {}).get("median") is not None and row.get(timed, {}).get("wall_s")]  # fmt: skip
+        for wall, value, name in points:
+            ax.scatter(wall, value, color="tab:blue")
+            ax.annotate(name, (wall, value), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(header, fontsize=8)
+        ax.set_xlabel("wall seconds per job (log)", fontsize=7)
+        ax.set_ylabel(("higher" if higher else "lower") + " is better", fontsize=7)
+        ax.tick_params(labelsize=7)
+        if not points:
+            ax.text(0.5, 0.5, "no numbers", ha="center", va="center", transform=ax.transAxes)
+    fig.suptitle("quality vs time per attention setting (median over seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min) -> str:
+    quality = columns_of(columns)
+    notes = Footnotes()
+    header = ["attention", *(title for _, title, _, _ in quality), *(f"ms/step n={n}" for n in speed["lengths"]),
+              "LRA (Tay et al. 2021) Image / ListOps %"]  # fmt: skip
+    body = []
+    for row in rows:
+        line = [row.name, *(cell_text(cells[row.name].get(key), digits, notes) for key, _, digits, _ in quality)]
+        for n in speed["lengths"]:
+            result = speed["rows"].get(row.name, {}).get(n)
+            if result is None:
+                line.append("not run")
+            else:
+                line.append(f"{result['value']:.0f}" if result["status"] == "ok" else notes.mark(result["reason"]))
+        body.append([*line, lra_anchor(row.name)])
+    walls = [[row.name, *(fmt(cells[row.name].get(key, {}).get("wall_s"), 0) for key, _, _, _ in quality
+                          if key != EXTRAPOLATION)] for row in rows]  # fmt: skip
+    lra = [
+        [model, f"{s['Image']:.2f}", f"{s['ListOps']:.2f}", ", ".join(s["rows"])] for model, s in LRA_TABLE_1.items()
+    ]
+    mode = "--quick: scaled-down runs, the numbers show that the pipeline works, not what the models reach" \
+        if args.quick else "full"  # fmt: skip
+    origin = [[row.name, row.origin, " ".join(row.overrides)] for row in rows]
+    parts = [
+        "# The variant study",
+        f"Written by `python experiments/variant_study.py{' --quick' if args.quick else ''}` ({mode}) in "
+        f"{wall_min:.1f} min. Every number below is measured by that command on this machine; none is typed in. "
+        f"Cells are the median over seeds (range in brackets; a job shorter than {LONG_RUN_S / 60:.0f} minutes runs "
+        f"{args.seeds} seed(s)); a cell without a number names the one-line error the job got (footnotes).",
+        table(["machine", ""], [[k, v] for k, v in info.items()]),
+        "## Quality and speed per attention setting\n\n"
+        + table(header, body)
+        + ("\n\n" + notes.markdown() if notes.notes else ""),
+        "Training time per step: the long-range classifier (2 layers, width 64, 4 heads), forward + backward + "
+        f"AdamW, batch {speed['batch']}, {speed['threads']} threads, median of {speed['rounds']} interleaved "
+        f"round(s) of {speed['steps']} steps; n=784 as the pixel task, n=2000 as ListOps (padding after a random "
+        "length of 500-2000 tokens)."
+        if speed["lengths"]
+        else "Training time per step: not measured in this run (--tasks without speed).",
+        "## Which setting wins where\n\n" + "\n".join(winners(cells, quality, speed) or ["- no numbers yet"]),
+        "## Published anchors: Long Range Arena (Tay et al. 2021, Table 1)\n\nAccuracy % on LRA's Image (CIFAR-10 "
+        "as 1024 grey pixel tokens) and ListOps (up to 2000 tokens, 96k training expressions), with LRA's models "
+        "(ListOps: 6 layers of width 512, 5000 steps of batch 32) trained on accelerators. Ours is much smaller: "
+        "2 layers of width 64 on a CPU, Fashion-MNIST's 784 pixels (an easier image set than grey CIFAR-10) and "
+        "fewer generated expressions (conf/experiment/lra_*.yaml). The anchors show where the published ranking "
+        "lies; they are not targets.\n\n" + table(["LRA model", "Image", "ListOps", "our row"], lra),
+        "![quality vs time](variant_study.png)",
+        "## Wall seconds per job (median over seeds)\n\n"
+        + table(["attention", *(t for k, t, _, _ in quality if k != EXTRAPOLATION)], walls),  # fmt: skip
+        "## Rows and how they were found\n\n"
+        + table(["row", "found in", "overrides"], origin)
+        + ("\n\nLeft out: " + "; ".join(notes_rows) if notes_rows else ""),
+    ]
+    return "\n\n".join(parts) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="scaled-down runs: under 10 minutes on 2 CPU cores")
+    parser.add_argument("--reuse", action="store_true", help="keep the jobs that have a study_result.json")
+    parser.add_argument("--rows", nargs="+", help="only these rows (default: every row found)")
+    parser.add_argument("--tasks", nargs="+", help="only these columns: vit_digits gpt_char translation_numbers "
+                        "clip_digits lra_pixel lra_listops speed")  # fmt: skip
+    parser.add_argument("--seeds", type=int, default=None, help="most seeds per cell (default: full 3, quick 1)")
+    parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data",
+                        help="folder holding tinyshakespeare/input.txt")  # fmt: skip
+    parser.add_argument("--fashion-mnist", type=Path, default=Path("/usr/share/datasets/fashion-mnist"))
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default experiments/results[/quick])")
+    parser.add_argument("--runs-dir", type=Path, default=ROOT / "outputs" / "variant_study")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    args = parser.parse_args(argv)
+    args.seeds = args.seeds or (1 if args.quick else 3)
+    args.out = args.out or ROOT / "experiments" / "results" / ("quick" if args.quick else "")
+    return args
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    import torch
+
+    import zoo.app.main  # noqa: F401  (Lightning's console handler binds to the console now, not to a job's log)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)  # every job runs in this process, so they all get it
+    info = {**machine(), "torch threads": str(torch.get_num_threads())}
+    rows, left_out = discover_rows()
+    if args.rows:
+        unknown = sorted(set(args.rows) - {row.name for row in rows})
+        if unknown:
+            raise SystemExit(f"error: unknown rows {unknown}; valid choices: {', '.join(r.name for r in rows)}")
+        rows = [row for row in rows if row.name in args.rows]
+    columns = tasks(args)
+    keys = [task.key for task in columns] + ["speed"]
+    if args.tasks:
+        unknown = sorted(set(args.tasks) - set(keys))
+        if unknown:
+            raise SystemExit(f"error: unknown tasks {unknown}; valid choices: {', '.join(keys)}")
+        columns = [task for task in columns if task.key in args.tasks]
+    print(f"rows: {', '.join(row.name for row in rows)}; columns: {', '.join(t.key for t in columns)}", flush=True)
+    cells = run_study(args, rows, columns)
+    empty = {"batch": 0, "steps": 0, "rounds": 0, "threads": 0, "lengths": [], "rows": {}}
+    speed = step_times(rows, args.quick) if not args.tasks or "speed" in args.tasks else empty
+    wall_min = (time.perf_counter() - started) / 60
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(cells, columns_of(columns), args.out / "variant_study.png")
+    path = args.out / "variant_study.md"
+    path.write_text(markdown(args, info, rows, left_out, columns, cells, speed, wall_min))
+    record = {"machine": info, "mode": "quick" if args.quick else "full", "wall_min": round(wall_min, 1),
+              "rows": [asdict(row) for row in rows], "left_out": left_out,
+              "tasks": [{**asdict(task), "needs": [str(p) for p in task.needs]} for task in columns],
+              "cells": cells, "speed": speed}  # fmt: skip
+    (args.out / "variant_study.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    print(f"\nwrote {path} in {wall_min:.1f} min", flush=True)
+    return path
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""experiments/variant_study.py: the rows it finds (also variants registered later), the jobs it runs in-process,
+the one-line reasons in place of numbers, the GPT at 4x its block, the speed benchmark and the page it writes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments import reproduce, variant_study
+from tests.helpers import compose_config, tiny_text
+from zoo.attention import VARIANTS, AttentionConfig
+from zoo.attention.full import FullAttention
+
+
+class ModeAttention(FullAttention):
+    """A stand-in for a variant that lands later: full attention with an option of named choices."""
+
+    name = "moded"
+
+    def __init__(self, *, mode: str = "plain") -> None:
+        super().__init__()
+        if mode not in ("plain", "fancy"):
+            raise ValueError(f"unknown attention.mode {mode!r}; valid choices: ['plain', 'fancy']")
+        self.mode = mode
+
+
+def test_rows_are_every_variant_and_named_setting_and_their_overrides_select_them(tmp_path: Path) -> None:
+    rows, left_out = variant_study.discover_rows()
+    names = [row.name for row in rows]
+    assert set(VARIANTS) <= set(names) and "rope" in names and not left_out
+    assert len({json.dumps(row.attention, sort_keys=True) for row in rows}) == len(rows)  # no setting twice
+    for row in rows:
+        cfg = compose_config(["model=vit", *row.overrides], tmp_path)
+        assert AttentionConfig(**cfg.attention).to_dict() == row.attention, row
+
+
+def test_a_variant_registered_later_joins_with_its_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(VARIANTS, "moded", ModeAttention)
+    rows = {row.name: row for row in variant_study.discover_rows()[0]}
+    assert rows["moded"].overrides == ("attention.variant=moded",)
+    assert rows["moded+fancy"].attention["mode"] == "fancy" and "moded+plain" not in rows  # the default is its row
+    assert rows["moded+fancy"].overrides[-1] == "++attention.mode=fancy"
+
+
+class ScaledAttentionConfig(AttentionConfig):
+    """A stand-in for a shared option that lands later and builds on RoPE (as RoPE scaling will)."""
+
+    def __init__(self, *args, scaling: str | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if scaling not in (None, "ntk"):
+            raise ValueError(f"unknown attention.scaling {scaling!r}; valid choices: ['ntk']")
+        if scaling and not self.rope:
+            raise ValueError("attention.scaling needs attention.rope=true")
+        self.scaling = scaling
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "scaling": self.scaling}
+
+
+def test_a_shared_option_registered_later_joins_on_the_first_row_that_takes_it(monkeypatch) -> None:
+    import zoo.attention
+
+    monkeypatch.setattr(zoo.attention, "AttentionConfig", ScaledAttentionConfig)
+    rows = {row.name: row for row in variant_study.discover_rows()[0]}
+    assert rows["rope+ntk"].overrides == ("attention=rope", "++attention.scaling=ntk")
+    assert rows["rope+ntk"].attention["scaling"] == "ntk" and rows["rope+ntk"].attention["rope"] is True
+    assert not any(name.startswith(("full+", "local+", "linear+")) for name in rows)  # they do not take it
+
+
+def test_named_choices_reads_both_ways_zoo_lists_them() -> None:
+    def listed(value):
+        raise ValueError(f"unknown x {value!r}; valid choices: ['a', 'b', 'none']")
+
+    def joined(value):
+        raise ValueError(f"unknown y {value!r}; valid choices: c, d")
+
+    def numeric(value):
+        raise ValueError(f"z must be a positive int, got {value!r}")
+
+    assert variant_study.named_choices(listed) == ["a", "b"]
+    assert variant_study.named_choices(joined) == ["c", "d"]
+    assert variant_study.named_choices(numeric) == []
+
+
+def quick_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
+    return variant_study.parse_args(["--quick", "--shared", str(tmp_path / "shared"), "--out", str(tmp_path / "out"),
+                                     "--runs-dir", str(tmp_path / "runs"), *extra])  # fmt: skip
+
+
+def test_a_job_that_cannot_run_shows_its_one_line_error_and_missing_data_skips(tmp_path: Path) -> None:
+    args = quick_args(tmp_path)
+    row = next(row for row in variant_study.discover_rows()[0] if row.name == "full")
+    bad = variant_study.Task("vit_bad", "ViT", "test/acc", True, ("model=vit", "model.net.patch_size=3"))
+    result = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "bad"), reuse=False)
+    assert result["status"] == "error" and "patch" in result["reason"] and "\n" not in result["reason"]
+    again = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "bad"), reuse=True)
+    assert again == result  # --reuse reads the record instead of running again
+    gpt = next(task for task in variant_study.tasks(args) if task.key == "gpt_char")
+    skipped = variant_study.run_job(variant_study.Job(gpt, row, 0, tmp_path / "runs" / "gpt"), reuse=False)
+    assert skipped["status"] == "skipped" and "input.txt not found" in skipped["reason"]
+    assert not (tmp_path / "runs" / "gpt").exists()
+
+
+@pytest.mark.parametrize("attention, extrapolates", [("attention=rope", True), ("attention=full", False)])
+def test_the_gpt_is_evaluated_at_4x_its_block_where_its_weights_allow(tmp_path: Path, attention, extrapolates):
+    text = tiny_text(tmp_path / "shared" / "tinyshakespeare" / "input.txt")
+    task = variant_study.Task("gpt_char", "GPT", "val/loss", False, (
+        "experiment=gpt_shakespeare_char", f"data.path={text}", "model.net.n_layer=1", "model.net.n_head=2",
+        "model.net.n_embd=16", "data.block_size=16", "trainer.max_steps=2", "trainer.val_check_interval=2",
+        "data.eval_batches=2", "model.sample.max_new_tokens=0", f"paths.data_dir={tmp_path}",
+    ))  # fmt: skip
+    row = variant_study.Row(attention.split("=")[1], (attention,), {}, "test")
+    job = variant_study.Job(task, row, 0, tmp_path / "runs" / row.name)
+    assert variant_study.run_job(job, reuse=False)["status"] == "ok"
+    result = variant_study.extrapolation(job, quick=True)
+    if extrapolates:
+        assert result["status"] == "ok" and result["block"] == 64 and 0 < result["value"] < 10
+    else:
+        assert result["status"] == "error" and "wpe.weight is (16, 16) for block 16" in result["reason"]
+
+
+def test_step_times_measure_every_row_at_every_length() -> None:
+    rows = [row for row in variant_study.discover_rows()[0] if row.name in ("full", "linear")]
+    speed = variant_study.step_times(rows, quick=True, shapes={32: (256, None), 48: (16, 0)})
+    assert speed["lengths"] == [32, 48]
+    assert all(speed["rows"][row.name][n]["status"] == "ok" for row in rows for n in (32, 48)), speed
+    assert torch.get_num_threads() == speed["threads"]
+
+
+def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Path) -> None:
+    args = quick_args(tmp_path)
+    rows = [variant_study.Row(name, (), {"variant": name}, "test") for name in ("full", "local", "compressed")]
+    columns = [task for task in variant_study.tasks(args) if task.key in ("vit_digits", "gpt_char")]
+    ok = lambda values, wall: {"median": sorted(values)[len(values) // 2], "values": values, "wall_s": wall,  # noqa: E731
+                               "reason": None}  # fmt: skip
+    reason = "causal attention is not supported by variant 'compressed'; valid choices: ['full', 'local']"
+    cells = {
+        "full": {"vit_digits": ok([0.95, 0.97, 0.96], 60), "gpt_char": ok([1.9], 120),
+                 "gpt_char@4x": {"median": None, "values": [], "wall_s": None, "reason": "wpe.weight is (64, 128)"}},
+        "local": {"vit_digits": ok([0.98], 50), "gpt_char": ok([1.95], 100), "gpt_char@4x": ok([2.1], None)},
+        "compressed": {"vit_digits": ok([0.9], 40), "gpt_char": {"median": None, "values": [], "wall_s": 1,
+                                                                 "reason": reason}},
+    }  # fmt: skip
+    timed = lambda short, long: {784: {"status": "ok", "value": short}, 2000: {"status": "ok", "value": long}}  # noqa: E731
+    speed = {"batch": 4, "steps": 2, "rounds": 1, "threads": 2, "lengths": [784, 2000],
+             "rows": {"full": timed(120.0, 900.0), "local": timed(80.0, 300.0)}}  # fmt: skip
+    text = variant_study.markdown(args, {"CPU": "test"}, rows, [], columns, cells, speed, 1.5)
+    assert "| full | 0.960 (0.950-0.970) | 1.9000 | [1] | 120 | 900 | Transformer: 42.44 / 36.37 |" in text
+    assert "| compressed | 0.900 | [2] | not run | not run | not run | Linformer: 38.56 / 35.70 |" in text
+    assert f"[2] {reason}" in text and "[1] wpe.weight is (64, 128)" in text
+    assert (
+        "- ViT digits (test acc): **local** (0.980" in text and "- training step at n=2000: **local** (300 ms)" in text
+    )
+    assert "- GPT tiny-shakespeare char (val loss): **full** (1.9000; 2 rows" in text  # lower is better
+    assert "| Performer | 42.77 | 18.01 | favor, linear+favor |" in text and "smaller" in text
+    assert variant_study.best([(0.1, "a"), (0.1004, "b"), (0.09, "c")], True, 3) == ("a, b", "0.100")  # a tie
+    variant_study.plot(cells, variant_study.columns_of(columns), tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 1000
+    (tmp_path / "variant_study.md").write_text(text)
+    section = reproduce.variant_study_markdown(tmp_path)  # what RESULTS.md shows of it
+    assert "[variant_study.md](variant_study.md)" in section and "**local** (0.980" in section

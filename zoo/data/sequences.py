@@ -1,0 +1,120 @@
+"""Token-sequence classification data, the long-range tasks (Long Range Arena, Tay et al. 2021): the shared
+base, and images read as sequences of pixels (LRA's "Image" task; sequential / permuted MNIST). ListOps, the
+other task, is generated in zoo/data/listops.py.
+
+Every module yields (token ids (B, max_length) int64, labels (B,) int64) batches and names what the model
+reads from it: vocab_size, max_length, num_classes and padding_id (None: sequences are never padded).
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from zoo.data.images import ImageClassificationDataModule
+from zoo.errors import DataError
+
+SPLITS = ("train", "val", "test")
+
+
+def collate_tokens(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, label) samples -> int64 (B, T) ids and (B,) labels: tokens are kept as bytes, read as ids."""
+    tokens, labels = zip(*samples)
+    return torch.stack(tokens).long(), torch.stack(labels)
+
+
+class TokenSequenceDataModule(L.LightningDataModule):
+    """Base: subclasses implement `build_splits()` -> {split: (tokens (N, max_length) uint8 or int, labels (N,))}
+    for train, val and test."""
+
+    def __init__(
+        self,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        vocab_size: int = 256,
+        max_length: int = 784,
+        num_classes: int = 10,
+        padding_id: int | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("batch_size", batch_size), ("max_length", max_length), ("vocab_size", vocab_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise DataError(f"data.{name} must be a positive int, got {value!r}")
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers = num_workers
+        self.vocab_size, self.max_length = vocab_size, max_length
+        self.num_classes, self.padding_id = num_classes, padding_id
+        self.splits: dict[str, TensorDataset] = {}
+
+    def build_splits(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits:
+            return
+        name = type(self).__name__
+        for split, (tokens, labels) in self.build_splits().items():
+            if tokens.shape[1] != self.max_length:
+                raise DataError(
+                    f"{name} writes sequences of {tokens.shape[1]} tokens, but data.max_length={self.max_length}; "
+                    f"set data.max_length={tokens.shape[1]}"
+                )
+            if len(tokens) and int(tokens.max()) >= self.vocab_size:
+                raise DataError(f"{name} has token id {int(tokens.max())}, but data.vocab_size={self.vocab_size}")
+            if len(labels) and int(labels.max()) >= self.num_classes:
+                raise DataError(f"{name} has {int(labels.max()) + 1} classes, but data.num_classes={self.num_classes}")
+            self.splits[split] = TensorDataset(tokens, labels)
+
+    def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
+        return DataLoader(self.splits[split], batch_size=batch_size, shuffle=shuffle, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0, collate_fn=collate_tokens)  # fmt: skip
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", True, self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", False, self.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", False, self.eval_batch_size)
+
+
+class PixelSequenceDataModule(TokenSequenceDataModule):
+    """An image dataset (any zoo.data.images module; its splits) read as sequences of 8-bit pixel values, row by
+    row (channels interleaved per pixel): Fashion-MNIST gives 784 tokens of a 256 vocabulary, as LRA's Image
+    task reads CIFAR-10 (1024 tokens). The image module's augmentation and normalisation do not apply: the
+    tokens are the raw pixels.
+
+    permute: every sequence is put in one fixed random order (permuted MNIST), the same for every image and
+    split, drawn from `permutation_seed`; it removes the locality of neighbouring pixels.
+    """
+
+    def __init__(
+        self, images: ImageClassificationDataModule, permute: bool = False, permutation_seed: int = 0, **kwargs
+    ) -> None:
+        super().__init__(**kwargs)
+        self.images = images
+        self.permute = permute
+        self.permutation_seed = permutation_seed
+        self.classes: tuple[str, ...] = ()
+
+    def permutation(self, length: int) -> torch.Tensor:
+        """The fixed order of the positions (the identity unless permute)."""
+        if not self.permute:
+            return torch.arange(length)
+        return torch.randperm(length, generator=torch.Generator().manual_seed(self.permutation_seed))
+
+    def build_splits(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        self.images.setup()
+        self.classes = tuple(self.images.classes)
+        splits = {}
+        for split in SPLITS:
+            dataset = getattr(self.images, f"{split}_set")
+            if dataset.images.dtype != torch.uint8:
+                raise DataError(f"{type(self.images).__name__} holds {dataset.images.dtype} images, not 8-bit pixels")
+            tokens = dataset.images.permute(0, 2, 3, 1).flatten(1)  # (N, H * W * C) in raster order
+            splits[split] = (tokens[:, self.permutation(tokens.shape[1])], dataset.labels)
+        return splits
