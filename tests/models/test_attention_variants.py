@@ -132,3 +132,25 @@ def test_every_model_trains_with_every_attention_option_or_refuses_in_one_line(m
     loss = STEPS[model](attention(name).replace(**OPTIONS[option]))
     loss.backward()
     assert torch.isfinite(loss)
+
+
+def test_translation_takes_compressed_attention_in_its_encoder() -> None:
+    from zoo.models.translation import greedy_decode
+
+    torch.manual_seed(0)
+    settings = {"vocab_size": 20, "dim": 16, "encoder_layers": 1, "decoder_layers": 1, "num_heads": 2, "mlp_dim": 32}
+    config = TranslationConfig(**settings, max_length=16, encoder_attention={"variant": "compressed", "kv_heads": 1})
+    model = TranslationTransformer(config)
+    encoder, decoder = model.encoder[0].self_attn, model.decoder[0].self_attn
+    assert (encoder.variant, encoder.kv_heads, decoder.variant, decoder.kv_heads) == ("compressed", 1, "full", 2)
+    assert model.decoder[0].cross_attn.variant == "full"
+    src = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]])  # padded source: compressed masks it
+    model(src, torch.randint(3, 20, (2, 7))).sum().backward()
+    assert encoder.kernel.key_projection.grad is not None
+    assert len(greedy_decode(model.eval(), src, max_len_a=1.0, max_len_b=2)) == 2
+    assert TranslationConfig.from_dict(config.to_dict()).encoder_attention == {"variant": "compressed", "kv_heads": 1}
+    for name in ("rope", "position_bias"):  # positions are both stacks' (positions / attention)
+        with pytest.raises(ValueError, match=f"encoder_attention.{name} is set.*set it there"):
+            TranslationConfig(**settings, encoder_attention={name: "alibi" if name == "position_bias" else True})
+    with pytest.raises(ValueError, match="unknown attention variant 'bigbird'"):
+        TranslationConfig(**settings, encoder_attention={"variant": "bigbird"})
