@@ -115,13 +115,19 @@ def test_caches_hold_kv_heads_and_shrink_by_num_heads_over_kv_heads(name: str, k
     assert cache_bytes(caches[1]) == cache_bytes(caches[0]) * HEADS // kv_heads
 
 
-def test_cross_attention_caches_kv_heads() -> None:
-    grouped, full = twins({"variant": "full"}, 2, causal=False)
+@pytest.mark.parametrize("name", ["full", "linear", "favor"])  # the variants that attend across sequences
+def test_cross_attention_caches_kv_heads(name: str) -> None:
+    grouped, full = twins(VARIANTS[name], 2, causal=False)
     x, context = torch.randn(2, 5, DIM), torch.randn(2, 9, DIM)
-    torch.testing.assert_close(grouped(x, context), full(x, context), atol=1e-5, rtol=1e-5)
+    padding = random_padding(2, 9, torch.Generator().manual_seed(4))
+    expected = full(x, context, key_padding_mask=padding)
+    torch.testing.assert_close(grouped(x, context, key_padding_mask=padding), expected, atol=1e-5, rtol=1e-5)
     cache = grouped.new_cache(cross_attention=True)
-    grouped(x[:, :1], context, cache=cache)
+    grouped(x[:, :1], context, cache=cache, key_padding_mask=padding)
     assert cache.keys.shape == (2, 2, 9, HEAD_DIM)
+    out, weights = grouped(x[:, 1:], context, cache=cache, key_padding_mask=padding, need_weights=True)
+    torch.testing.assert_close(out, expected[:, 1:], atol=1e-5, rtol=1e-5)
+    assert weights.shape == (2, HEADS, 4, 9)
 
 
 def test_grouped_query_attention_matches_transformers_llama_attention() -> None:
