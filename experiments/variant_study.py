@@ -54,6 +54,9 @@ from experiments.reproduce import IDX_FILES, fmt, machine, table  # noqa: E402
 
 CONF = ROOT / "conf"
 ANTICIPATED = {"kv_heads": 1}  # options without named choices worth a row of their own: the value to try
+# Settings an option changes nothing without, set along with it: RoPE scaled by rope_factor 1 is plain RoPE
+# (linear, ntk); 4 is the factor of the 4x-the-block column.
+COMPANIONS = {"rope_scaling": {"rope_factor": 4.0}}
 LONG_RUN_S = 300.0  # jobs shorter than this get 3 seeds (median reported)
 SPEED_SHAPES = {784: (256, None), 2000: (16, 0)}  # n -> (vocabulary, padding id): the pixel task, ListOps
 
@@ -97,6 +100,11 @@ def named_choices(build) -> list[str]:
     return []
 
 
+def text(value: object) -> str:
+    """A value as a command-line override writes it."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def discover_rows() -> tuple[list[Row], list[str]]:
     """(rows, notes on candidates left out and why)."""
     from zoo.attention import VARIANTS, AttentionConfig
@@ -116,12 +124,16 @@ def discover_rows() -> tuple[list[Row], list[str]]:
 
     def add_on_first_base(option: str, value: object, label: str, origin: str) -> None:
         """option=value on the first row found so far that takes it (full; or rope, for an option of RoPE)."""
+        companions = COMPANIONS.get(option, {})
         for row in list(rows[:bases]):
-            settings = {**row.attention, option: value}
-            text = str(value).lower() if isinstance(value, bool) else str(value)
+            settings = {**row.attention, option: value, **companions}
+            overrides = [
+                *row.overrides,
+                *(f"++attention.{key}={text(item)}" for key, item in {option: value, **companions}.items()),
+            ]
             with contextlib.suppress(ValueError):
                 AttentionConfig(**settings)
-                add(f"{row.name}+{label}", [*row.overrides, f"++attention.{option}={text}"], settings, origin)
+                add(f"{row.name}+{label}", overrides, settings, origin)
                 return
         notes.append(f"{label} ({origin}): no row takes {option}={value}")
 

@@ -36,6 +36,8 @@ def test_rows_are_every_variant_and_named_setting_and_their_overrides_select_the
     for row in rows:
         cfg = compose_config(["model=vit", *row.overrides], tmp_path)
         assert AttentionConfig(**cfg.attention).to_dict() == row.attention, row
+    scaled = {row.name: row.attention["rope_factor"] for row in rows if row.attention["rope_scaling"]}
+    assert scaled == {"rope+linear": 4.0, "rope+ntk": 4.0, "rope+dynamic": 4.0}  # a factor of 1 is plain RoPE
 
 
 def test_a_variant_registered_later_joins_with_its_choices(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,7 +70,7 @@ def test_a_shared_option_registered_later_joins_on_the_first_row_that_takes_it(m
     rows = {row.name: row for row in variant_study.discover_rows()[0]}
     assert rows["rope+ntk"].overrides == ("attention=rope", "++attention.scaling=ntk")
     assert rows["rope+ntk"].attention["scaling"] == "ntk" and rows["rope+ntk"].attention["rope"] is True
-    assert not any(name.startswith(("full+", "local+", "linear+")) for name in rows)  # they do not take it
+    assert [name for name, row in rows.items() if row.attention["scaling"]] == ["rope+ntk"]  # only RoPE takes it
 
 
 def test_named_choices_reads_both_ways_zoo_lists_them() -> None:
