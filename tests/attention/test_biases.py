@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from zoo.attention import ALiBi, AttentionConfig, MultiHeadAttention, T5RelativeBias, alibi_slopes
 from zoo.attention.biases import build_position_bias, relative_position_bucket
@@ -211,6 +212,11 @@ def test_pattern_kernels_with_a_bias_and_grouped_heads_equal_the_masked_formula(
     expected = reference_softmax_attention(q, k, v, mask, bias(positions, positions))
     out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding, bias=bias)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    # torch's own formula agrees (SDPA with the float mask and grouped heads; rows without keys are zeros here).
+    additive = bias(positions, positions).masked_fill(~mask, float("-inf"))
+    with torch.no_grad():
+        by_torch = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, enable_gqa=True)
+    torch.testing.assert_close(out.detach(), by_torch.where(mask.any(-1)[..., None], 0.0), atol=1e-5, rtol=1e-5)
 
     inputs = (q, k, v, *(p for p in bias.parameters() if p.requires_grad))
     grad = torch.randn(out.shape, generator=generator)
