@@ -342,8 +342,10 @@ def compose(overrides: list[str], folder: Path):
 
 
 def extrapolation(job: Job, quick: bool, factor: int = 4) -> dict:
-    """Val loss of a trained GPT at `factor` x its block: the same weights in a GPT with a longer block (a learned
-    position table, or any weight shaped by the block, has no rows for it: the one-line reason instead)."""
+    """Val loss of a trained GPT at `factor` x its block. Attention that extrapolates (a position bias, scaled
+    RoPE) takes the longer input as trained (dynamic NTK scales from the trained block); otherwise the same
+    weights in a GPT with a longer block (a learned position table, or any weight shaped by the block, has no
+    rows for it: the one-line reason instead)."""
     import hydra
     import torch
     import torch.nn.functional as F
@@ -356,7 +358,10 @@ def extrapolation(job: Job, quick: bool, factor: int = 4) -> dict:
     net = dict(checkpoint["hyper_parameters"]["net"])
     block = net["block_size"]
     try:
-        model = GPT(GPTConfig.from_dict({**net, "block_size": factor * block}))
+        trained = GPTConfig.from_dict(net)
+        model = GPT(
+            trained if trained.attention.extrapolates else GPTConfig.from_dict({**net, "block_size": factor * block})
+        )
     except ValueError as error:
         return {"status": "error", "reason": " ".join(str(error).split())}
     state, own = network_state_dict(checkpoint["state_dict"]), model.state_dict()
@@ -377,7 +382,7 @@ def extrapolation(job: Job, quick: bool, factor: int = 4) -> dict:
         for x, y in data.val_dataloader():
             total += float(F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum"))
             count += y.numel()
-    return {"status": "ok", "value": total / count, "block": factor * block}
+    return {"status": "ok", "value": total / count, "block": factor * block, "model_block": model.config.block_size}
 
 
 def longer_block(job: Job, result: dict, args: argparse.Namespace) -> dict:

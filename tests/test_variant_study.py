@@ -107,7 +107,11 @@ def test_a_job_that_cannot_run_shows_its_one_line_error_and_missing_data_skips(t
     assert not (tmp_path / "runs" / "gpt").exists()
 
 
-@pytest.mark.parametrize("attention, extrapolates", [("attention=rope", True), ("attention=full", False)])
+@pytest.mark.parametrize(
+    "attention, extrapolates",
+    [("attention=rope", True), ("attention=full", False), ("attention=rope,++attention.rope_scaling=dynamic", True)],
+    ids=["rope", "learned", "rope_dynamic"],
+)
 def test_the_gpt_is_evaluated_at_4x_its_block_where_its_weights_allow(tmp_path: Path, attention, extrapolates):
     text = tiny_text(tmp_path / "shared" / "tinyshakespeare" / "input.txt")
     task = variant_study.Task("gpt_char", "GPT", "val/loss", False, (
@@ -115,12 +119,15 @@ def test_the_gpt_is_evaluated_at_4x_its_block_where_its_weights_allow(tmp_path: 
         "model.net.n_embd=16", "data.block_size=16", "trainer.max_steps=2", "trainer.val_check_interval=2",
         "data.eval_batches=2", "model.sample.max_new_tokens=0", f"paths.data_dir={tmp_path}",
     ))  # fmt: skip
-    row = variant_study.Row(attention.split("=")[1], (attention,), {}, "test")
+    overrides = tuple(attention.split(","))
+    row = variant_study.Row(overrides[0].split("=")[1] + ("_dynamic" if len(overrides) > 1 else ""), overrides, {}, "t")
     job = variant_study.Job(task, row, 0, tmp_path / "runs" / row.name)
     assert variant_study.run_job(job, reuse=False)["status"] == "ok"
     result = variant_study.extrapolation(job, quick=True)
     if extrapolates:
         assert result["status"] == "ok" and result["block"] == 64 and 0 < result["value"] < 10
+        # Plain RoPE runs in a GPT of the longer block; scaled RoPE as trained (dynamic NTK scales from 16).
+        assert result["model_block"] == (16 if len(overrides) > 1 else 64)
     else:
         assert result["status"] == "error" and "wpe.weight is (16, 16) for block 16" in result["reason"]
 
