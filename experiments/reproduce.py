@@ -10,7 +10,8 @@ gathers their numbers):
 - attention: experiments/attention_benchmark.py, time and memory vs sequence length per variant;
 - speed: experiments/gpt_throughput.py (tokens/s of the GPT through Lightning vs a plain PyTorch loop vs
   Hugging Face GPT-2, with MFU), experiments/vit_throughput.py (images/s vs timm), and
-  experiments/kv_cache_benchmark.py (per-token generation time vs context);
+  experiments/kv_cache_benchmark.py (per-token generation time vs context), experiments/kv_cache_memory.py
+  (KV-cache bytes per token with grouped-query heads);
 - gpt, vit, translation, clip: quality per model x attention variant through `python run.py ...`, next to
   the published anchors;
 - variants: experiments/variant_study.py, every attention setting in every family and on the long-range tasks
@@ -44,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 VARIANTS = ("full", "local", "linear", "rope")
+KV_MEMORY = "kv_cache_memory.md"  # experiments/kv_cache_memory.py's table, in the results folder
 STUDIES = ("attention", "speed", "gpt", "vit", "translation", "clip", "variants")
 IDX_FILES = (
     "train-images-idx3-ubyte",
@@ -338,6 +340,15 @@ def plot_bars(values: dict[str, float], ylabel: str, title: str, path: Path) -> 
     plt.close(fig)
 
 
+def kv_memory_markdown(out: Path) -> str:
+    """experiments/kv_cache_memory.py's table as a section of the speed part ("" before it ran)."""
+    path = out / KV_MEMORY
+    if not path.is_file():
+        return ""
+    _, _, body = path.read_text().partition("\n")  # below its own title
+    return f"### KV-cache memory per token, grouped-query heads (`experiments/kv_cache_memory.py`)\n\n{body.strip()}"
+
+
 def attention_markdown(out: Path) -> tuple[str, list[str]]:
     csv_path = out / "attention_benchmark.csv"
     if not csv_path.is_file():
@@ -423,7 +434,7 @@ def write_results(args, info, summary, attention, speed, out: Path) -> Path:
         "machine ran (each run's log in outputs/reproduce/ says when it ran).\n\n"
         + quality_markdown(summary)
         + "\n\n![quality](quality.png)",
-        "## Speed\n\n" + "\n\n".join(part for part in (attention[0], speed[0]) if part),
+        "## Speed\n\n" + "\n\n".join(part for part in (attention[0], speed[0], kv_memory_markdown(out)) if part),
         variant_study_markdown(out),
     ]
     path = out / "RESULTS.md"
@@ -469,6 +480,8 @@ def main(argv: list[str] | None = None) -> None:
         run_script("gpt_throughput.py", quick_gpt, speed_files["gpt_throughput"], runs_dir)
         run_script("vit_throughput.py", quick_vit, speed_files["vit_throughput"], runs_dir)
         run_script("kv_cache_benchmark.py", quick_kv, speed_files["kv_cache"], runs_dir)
+        memory = [sys.executable, str(EXPERIMENTS / "kv_cache_memory.py"), "--output", str(args.out / KV_MEMORY)]
+        run_command(memory, runs_dir / "kv_cache_memory.log")
     loaded = {k: json.loads(p.read_text()) if p.is_file() else None for k, p in speed_files.items()}
     speed = speed_markdown(loaded["gpt_throughput"], loaded["vit_throughput"], loaded["kv_cache"], args.out)
 

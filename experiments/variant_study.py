@@ -54,6 +54,9 @@ from experiments.reproduce import IDX_FILES, fmt, machine, table  # noqa: E402
 
 CONF = ROOT / "conf"
 ANTICIPATED = {"kv_heads": 1}  # options without named choices worth a row of their own: the value to try
+# Settings an option changes nothing without, set along with it: RoPE scaled by rope_factor 1 is plain RoPE
+# (linear, ntk); 4 is the factor of the 4x-the-block column.
+COMPANIONS = {"rope_scaling": {"rope_factor": 4.0}}
 LONG_RUN_S = 300.0  # jobs shorter than this get 3 seeds (median reported)
 SPEED_SHAPES = {784: (256, None), 2000: (16, 0)}  # n -> (vocabulary, padding id): the pixel task, ListOps
 
@@ -97,6 +100,11 @@ def named_choices(build) -> list[str]:
     return []
 
 
+def text(value: object) -> str:
+    """A value as a command-line override writes it."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def discover_rows() -> tuple[list[Row], list[str]]:
     """(rows, notes on candidates left out and why)."""
     from zoo.attention import VARIANTS, AttentionConfig
@@ -116,12 +124,16 @@ def discover_rows() -> tuple[list[Row], list[str]]:
 
     def add_on_first_base(option: str, value: object, label: str, origin: str) -> None:
         """option=value on the first row found so far that takes it (full; or rope, for an option of RoPE)."""
+        companions = COMPANIONS.get(option, {})
         for row in list(rows[:bases]):
-            settings = {**row.attention, option: value}
-            text = str(value).lower() if isinstance(value, bool) else str(value)
+            settings = {**row.attention, option: value, **companions}
+            overrides = [
+                *row.overrides,
+                *(f"++attention.{key}={text(item)}" for key, item in {option: value, **companions}.items()),
+            ]
             with contextlib.suppress(ValueError):
                 AttentionConfig(**settings)
-                add(f"{row.name}+{label}", [*row.overrides, f"++attention.{option}={text}"], settings, origin)
+                add(f"{row.name}+{label}", overrides, settings, origin)
                 return
         notes.append(f"{label} ({origin}): no row takes {option}={value}")
 
@@ -330,8 +342,10 @@ def compose(overrides: list[str], folder: Path):
 
 
 def extrapolation(job: Job, quick: bool, factor: int = 4) -> dict:
-    """Val loss of a trained GPT at `factor` x its block: the same weights in a GPT with a longer block (a learned
-    position table, or any weight shaped by the block, has no rows for it: the one-line reason instead)."""
+    """Val loss of a trained GPT at `factor` x its block. Attention that extrapolates (a position bias, scaled
+    RoPE) takes the longer input as trained (dynamic NTK scales from the trained block); otherwise the same
+    weights in a GPT with a longer block (a learned position table, or any weight shaped by the block, has no
+    rows for it: the one-line reason instead)."""
     import hydra
     import torch
     import torch.nn.functional as F
@@ -344,7 +358,10 @@ def extrapolation(job: Job, quick: bool, factor: int = 4) -> dict:
     net = dict(checkpoint["hyper_parameters"]["net"])
     block = net["block_size"]
     try:
-        model = GPT(GPTConfig.from_dict({**net, "block_size": factor * block}))
+        trained = GPTConfig.from_dict(net)
+        model = GPT(
+            trained if trained.attention.extrapolates else GPTConfig.from_dict({**net, "block_size": factor * block})
+        )
     except ValueError as error:
         return {"status": "error", "reason": " ".join(str(error).split())}
     state, own = network_state_dict(checkpoint["state_dict"]), model.state_dict()
@@ -365,7 +382,7 @@ def extrapolation(job: Job, quick: bool, factor: int = 4) -> dict:
         for x, y in data.val_dataloader():
             total += float(F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum"))
             count += y.numel()
-    return {"status": "ok", "value": total / count, "block": factor * block}
+    return {"status": "ok", "value": total / count, "block": factor * block, "model_block": model.config.block_size}
 
 
 def longer_block(job: Job, result: dict, args: argparse.Namespace) -> dict:

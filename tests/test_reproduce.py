@@ -63,6 +63,7 @@ def test_results_page_has_machine_headline_medians_and_plots(tmp_path: Path) -> 
            "args": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "batch_size": 12, "rounds": 2,
                     "steps": 20}}  # fmt: skip
     speed = reproduce.speed_markdown(gpt, None, None, tmp_path)
+    (tmp_path / reproduce.KV_MEMORY).write_text("# KV-cache memory\n\n| kv_heads | bytes per token |\n| 1 | 8 |\n")
     path = reproduce.write_results(args, {"CPU": "test CPU", "cores": "2"}, summary, ("", []), speed, tmp_path)
     text = path.read_text()
     assert "| CPU | test CPU |" in text
@@ -70,4 +71,5 @@ def test_results_page_has_machine_headline_medians_and_plots(tmp_path: Path) -> 
     assert "| ViT, digits (test accuracy) (rope attention) | 0.980 | SVC 0.969 |" in text  # the best variant leads
     assert "skipped: /x not found" in text
     assert "Lightning / plain loop **0.986x**" in text and "| GPT training tokens/s, Lightning vs plain loop" in text
+    assert "### KV-cache memory per token, grouped-query heads (`experiments/kv_cache_memory.py`)\n\n| kv_heads" in text
     assert (tmp_path / "quality.png").stat().st_size > 1000 and (tmp_path / "gpt_throughput.png").is_file()

@@ -36,6 +36,8 @@ def test_rows_are_every_variant_and_named_setting_and_their_overrides_select_the
     for row in rows:
         cfg = compose_config(["model=vit", *row.overrides], tmp_path)
         assert AttentionConfig(**cfg.attention).to_dict() == row.attention, row
+    scaled = {row.name: row.attention["rope_factor"] for row in rows if row.attention["rope_scaling"]}
+    assert scaled == {"rope+linear": 4.0, "rope+ntk": 4.0, "rope+dynamic": 4.0}  # a factor of 1 is plain RoPE
 
 
 def test_a_variant_registered_later_joins_with_its_choices(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,7 +70,7 @@ def test_a_shared_option_registered_later_joins_on_the_first_row_that_takes_it(m
     rows = {row.name: row for row in variant_study.discover_rows()[0]}
     assert rows["rope+ntk"].overrides == ("attention=rope", "++attention.scaling=ntk")
     assert rows["rope+ntk"].attention["scaling"] == "ntk" and rows["rope+ntk"].attention["rope"] is True
-    assert not any(name.startswith(("full+", "local+", "linear+")) for name in rows)  # they do not take it
+    assert [name for name, row in rows.items() if row.attention["scaling"]] == ["rope+ntk"]  # only RoPE takes it
 
 
 def test_named_choices_reads_both_ways_zoo_lists_them() -> None:
@@ -105,7 +107,11 @@ def test_a_job_that_cannot_run_shows_its_one_line_error_and_missing_data_skips(t
     assert not (tmp_path / "runs" / "gpt").exists()
 
 
-@pytest.mark.parametrize("attention, extrapolates", [("attention=rope", True), ("attention=full", False)])
+@pytest.mark.parametrize(
+    "attention, extrapolates",
+    [("attention=rope", True), ("attention=full", False), ("attention=rope,++attention.rope_scaling=dynamic", True)],
+    ids=["rope", "learned", "rope_dynamic"],
+)
 def test_the_gpt_is_evaluated_at_4x_its_block_where_its_weights_allow(tmp_path: Path, attention, extrapolates):
     text = tiny_text(tmp_path / "shared" / "tinyshakespeare" / "input.txt")
     task = variant_study.Task("gpt_char", "GPT", "val/loss", False, (
@@ -113,12 +119,15 @@ def test_the_gpt_is_evaluated_at_4x_its_block_where_its_weights_allow(tmp_path: 
         "model.net.n_embd=16", "data.block_size=16", "trainer.max_steps=2", "trainer.val_check_interval=2",
         "data.eval_batches=2", "model.sample.max_new_tokens=0", f"paths.data_dir={tmp_path}",
     ))  # fmt: skip
-    row = variant_study.Row(attention.split("=")[1], (attention,), {}, "test")
+    overrides = tuple(attention.split(","))
+    row = variant_study.Row(overrides[0].split("=")[1] + ("_dynamic" if len(overrides) > 1 else ""), overrides, {}, "t")
     job = variant_study.Job(task, row, 0, tmp_path / "runs" / row.name)
     assert variant_study.run_job(job, reuse=False)["status"] == "ok"
     result = variant_study.extrapolation(job, quick=True)
     if extrapolates:
         assert result["status"] == "ok" and result["block"] == 64 and 0 < result["value"] < 10
+        # Plain RoPE runs in a GPT of the longer block; scaled RoPE as trained (dynamic NTK scales from 16).
+        assert result["model_block"] == (16 if len(overrides) > 1 else 64)
     else:
         assert result["status"] == "error" and "wpe.weight is (16, 16) for block 16" in result["reason"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from zoo.attention import ALiBi, AttentionConfig, MultiHeadAttention, T5RelativeBias, alibi_slopes
 from zoo.attention.biases import build_position_bias, relative_position_bucket
@@ -159,3 +160,91 @@ def test_translation_encoder_and_decoder_have_their_own_bucketing() -> None:
     assert model.encoder[1].self_attn.position_bias is encoder and model.decoder[1].self_attn.position_bias is decoder
     assert model.decoder[0].cross_attn.position_bias is None  # no relative positions across sequences
     assert model.source_positions is None and model.config.attention.position_bias == "t5"
+
+
+def pattern_kernel(kind: str, causal: bool):
+    """A pattern kernel and its mask (n, n) written with loops (tests/attention/helpers.py)."""
+    from zoo.attention import TokenLayout
+    from zoo.attention.axial import AxialAttention
+    from zoo.attention.sparse import SparseAttention
+
+    from .helpers import axial_mask, sparse_mask
+
+    if kind in ("strided", "fixed"):
+        summary = 2 if kind == "fixed" else None
+        kernel, allowed = SparseAttention(pattern=kind, stride=6, summary=summary), sparse_mask(45, kind, 6, 2, causal)
+        kernel.setup(TokenLayout())
+    elif kind == "axial":
+        kernel, allowed = AxialAttention(row_length=5), axial_mask(23, 5, 0, causal)
+        kernel.setup(TokenLayout())
+    else:  # a grid with two prefix tokens, as a ViT with a class and a register token
+        kernel, allowed = AxialAttention(), axial_mask(18, 4, 2, causal)
+        kernel.setup(TokenLayout(grid=(4, 4), prefix_tokens=2))
+    return kernel, allowed
+
+
+@pytest.mark.parametrize("path", ["fused", "explicit"])
+@pytest.mark.parametrize(("causal", "kv_heads"), [(False, 2), (True, 1)], ids=["bidirectional_gqa", "causal_mqa"])
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+@pytest.mark.parametrize("kind", ["strided", "fixed", "axial", "axial_grid"])
+def test_pattern_kernels_with_a_bias_and_grouped_heads_equal_the_masked_formula(
+    kind: str, name: str, causal: bool, kv_heads: int, path: str, monkeypatch
+) -> None:  # fmt: skip
+    """sparse and axial on their blockwise paths (the fused CPU flash kernel, or the formula under autograd,
+    which learned biases take in training), with ALiBi or T5 and kv_heads < heads, padded: outputs and the
+    gradients of q, k, v (and of T5's table on the explicit path) equal softmax(q k^T / sqrt(d) + bias) v
+    under the pattern's mask, with each key/value head repeated for its group. need_weights (the dense path)
+    gives the same output and zero weights outside the pattern."""
+    from .helpers import use_blockwise_path
+
+    use_blockwise_path(monkeypatch, fused=path == "fused")
+    kernel, allowed = pattern_kernel(kind, causal)
+    heads, length = 4, allowed.shape[0]
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(2, heads, length, 8, generator=generator, requires_grad=True)
+    k, v = (torch.randn(2, kv_heads, length, 8, generator=generator, requires_grad=True) for _ in range(2))
+    bias = random_bias(name, heads, causal)
+    if path == "fused":
+        bias.requires_grad_(False)  # the fused kernel has no bias gradient: a learned bias in training is explicit
+    padding = random_padding(2, length, generator, left=causal)
+    mask = allowed[None, None] & ~padding[:, None, None, :]
+    positions = torch.arange(length)
+    expected = reference_softmax_attention(q, k, v, mask, bias(positions, positions))
+    out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding, bias=bias)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    # torch's own formula agrees (SDPA with the float mask and grouped heads; rows without keys are zeros here).
+    additive = bias(positions, positions).masked_fill(~mask, float("-inf"))
+    with torch.no_grad():
+        by_torch = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, enable_gqa=True)
+    torch.testing.assert_close(out.detach(), by_torch.where(mask.any(-1)[..., None], 0.0), atol=1e-5, rtol=1e-5)
+
+    inputs = (q, k, v, *(p for p in bias.parameters() if p.requires_grad))
+    grad = torch.randn(out.shape, generator=generator)
+    for got, want in zip(torch.autograd.grad(out, inputs, grad), torch.autograd.grad(expected, inputs, grad)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+    out_w, weights = kernel(q, k, v, causal=causal, key_padding_mask=padding, bias=bias, need_weights=True)
+    assert weights.shape == (2, heads, length, length)
+    torch.testing.assert_close(out_w, expected, atol=1e-5, rtol=1e-5)
+    assert (weights * ~mask).abs().max() == 0
+
+
+@pytest.mark.parametrize("variant", [{"variant": "sparse", "stride": 5}, {"variant": "axial", "row_length": 5}])
+def test_a_learned_bias_trains_through_the_blockwise_path_as_through_the_dense_one(variant: dict, monkeypatch) -> None:
+    """In training T5's table needs its gradient, which the fused kernel does not give: the pattern kernels then
+    take the explicit blockwise path by themselves, and every gradient equals the dense path's."""
+    from zoo.attention import blockwise
+
+    torch.manual_seed(0)
+    module = MultiHeadAttention(32, 4, causal=True, position_bias="t5", num_buckets=8, max_distance=20, **variant)
+    torch.nn.init.normal_(module.position_bias.relative_attention_bias.weight)
+    x = torch.randn(2, 30, 32)
+    grads = []
+    for dense_max_length in (blockwise.DENSE_MAX_LENGTH, 0):
+        monkeypatch.setattr(blockwise, "DENSE_MAX_LENGTH", dense_max_length)
+        module.zero_grad()
+        module(x).square().sum().backward()
+        grads.append({name: p.grad.clone() for name, p in module.named_parameters()})
+    assert grads[0]["position_bias.relative_attention_bias.weight"].abs().max() > 0
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-5, rtol=1e-5)

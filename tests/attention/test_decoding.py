@@ -108,7 +108,11 @@ PADDED_CASES += [(variant, options, fused) for variant, options in PATTERN_VARIA
 
 
 @pytest.mark.parametrize(("variant", "options", "blockwise"), PADDED_CASES)
-@pytest.mark.parametrize("settings", [{}, {"position_bias": "alibi", "kv_heads": 2}], ids=["plain", "alibi_gqa"])
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"position_bias": "alibi", "kv_heads": 2}, {"position_bias": "t5", "kv_heads": 1, "num_buckets": 8}],
+    ids=["plain", "alibi_gqa", "t5_mqa"],
+)
 def test_cached_decoding_with_left_padding_equals_full_forward(variant, options, blockwise, settings, monkeypatch):
     if blockwise is not None:
         use_blockwise_path(monkeypatch, fused=blockwise)

@@ -29,6 +29,14 @@ def textbook_favor(x: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_favor_estimate_of_softmax_attention_improves_with_more_features(causal: bool) -> None:
+    """Mean absolute error of the output against softmax attention (these inputs, mean over 4 seeds of the
+    features), measured:
+
+        features         16      64      256     1024
+        bidirectional    0.069   0.052   0.036   0.022
+        causal           0.089   0.062   0.045   0.029
+
+    (python: this test's inputs and favor_kernel per seed); the error about halves for 16x the features."""
     generator = torch.Generator().manual_seed(0)
     q, k, v = (0.7 * torch.randn(2, 2, 48, 16, generator=generator) for _ in range(3))
     allowed = torch.ones(48, 48, dtype=torch.bool).tril() if causal else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zoo.attention import MultiHeadAttention, repeat_kv
+from zoo.attention import MultiHeadAttention, TokenLayout, repeat_kv
 
 from .helpers import random_padding
 
@@ -17,7 +17,13 @@ VARIANTS = {
     "linear": {"variant": "linear", "chunk_size": 4},
     "favor": {"variant": "linear", "chunk_size": 4, "feature_map": "favor", "num_features": 16},
     "alibi": {"variant": "local", "window": 5, "chunk_size": 4, "position_bias": "alibi"},
+    "sparse": {"variant": "sparse", "stride": 4},
+    "sparse_fixed_t5": {"variant": "sparse", "pattern": "fixed", "stride": 4, "summary": 2, "position_bias": "t5"},
+    "axial": {"variant": "axial", "row_length": 4, "position_bias": "alibi"},
+    "compressed": {"variant": "compressed", "compressed_length": 6, "layout": TokenLayout(max_length=16)},
+    "compressed_per_head": {"variant": "compressed", "share_projection": False, "layout": TokenLayout(max_length=16)},
 }
+BIDIRECTIONAL_ONLY = {"compressed", "compressed_per_head"}
 
 
 def repeated_rows(weight: torch.Tensor, groups: int) -> torch.Tensor:
@@ -37,8 +43,10 @@ def twins(settings: dict, kv_heads: int, causal: bool) -> tuple[MultiHeadAttenti
             q, k, v = getattr(grouped.in_proj, name).split([DIM, kv_heads * HEAD_DIM, kv_heads * HEAD_DIM])
             getattr(full.in_proj, name).copy_(torch.cat([q, repeated_rows(k, groups), repeated_rows(v, groups)]))
         full.out_proj.load_state_dict(grouped.out_proj.state_dict())
-        if getattr(grouped.kernel, "projection", None) is not None:  # FAVOR+: the same random features
-            full.kernel.projection.copy_(grouped.kernel.projection)
+        # The same FAVOR+ random features, Linformer projections (one per query head), T5 table.
+        full.kernel.load_state_dict(grouped.kernel.state_dict())
+        if grouped.position_bias is not None:
+            full.position_bias.load_state_dict(grouped.position_bias.state_dict())
     return grouped, full
 
 
@@ -50,9 +58,13 @@ def test_repeat_kv_equals_llama() -> None:
     assert torch.equal(repeat_kv(x, 4), llama_repeat_kv(x, 4))
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+CASES = [(name, causal) for name in sorted(VARIANTS) for causal in (False, True)]
+
+
+@pytest.mark.parametrize(
+    ("name", "causal"), [case for case in CASES if not (case[1] and case[0] in BIDIRECTIONAL_ONLY)]
+)
 @pytest.mark.parametrize("kv_heads", [1, 2])
-@pytest.mark.parametrize("causal", [False, True])
 def test_grouped_query_attention_equals_repeated_key_value_heads(name: str, kv_heads: int, causal: bool) -> None:
     grouped, full = twins(VARIANTS[name], kv_heads, causal)
     generator = torch.Generator().manual_seed(1)
@@ -89,7 +101,7 @@ def cache_bytes(cache) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-@pytest.mark.parametrize("name", ["full", "local", "linear", "favor"])
+@pytest.mark.parametrize("name", ["full", "local", "linear", "favor", "sparse", "axial"])
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_caches_hold_kv_heads_and_shrink_by_num_heads_over_kv_heads(name: str, kv_heads: int) -> None:
     grouped, full = twins(VARIANTS[name], kv_heads, causal=True)
@@ -105,13 +117,19 @@ def test_caches_hold_kv_heads_and_shrink_by_num_heads_over_kv_heads(name: str, k
     assert cache_bytes(caches[1]) == cache_bytes(caches[0]) * HEADS // kv_heads
 
 
-def test_cross_attention_caches_kv_heads() -> None:
-    grouped, full = twins({"variant": "full"}, 2, causal=False)
+@pytest.mark.parametrize("name", ["full", "linear", "favor"])  # the variants that attend across sequences
+def test_cross_attention_caches_kv_heads(name: str) -> None:
+    grouped, full = twins(VARIANTS[name], 2, causal=False)
     x, context = torch.randn(2, 5, DIM), torch.randn(2, 9, DIM)
-    torch.testing.assert_close(grouped(x, context), full(x, context), atol=1e-5, rtol=1e-5)
+    padding = random_padding(2, 9, torch.Generator().manual_seed(4))
+    expected = full(x, context, key_padding_mask=padding)
+    torch.testing.assert_close(grouped(x, context, key_padding_mask=padding), expected, atol=1e-5, rtol=1e-5)
     cache = grouped.new_cache(cross_attention=True)
-    grouped(x[:, :1], context, cache=cache)
+    grouped(x[:, :1], context, cache=cache, key_padding_mask=padding)
     assert cache.keys.shape == (2, 2, 9, HEAD_DIM)
+    out, weights = grouped(x[:, 1:], context, cache=cache, key_padding_mask=padding, need_weights=True)
+    torch.testing.assert_close(out, expected[:, 1:], atol=1e-5, rtol=1e-5)
+    assert weights.shape == (2, HEADS, 4, 9)
 
 
 def test_grouped_query_attention_matches_transformers_llama_attention() -> None:

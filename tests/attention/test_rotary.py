@@ -138,4 +138,12 @@ def test_rope_scaling_errors_name_the_choices() -> None:
     one_line_error(lambda: AttentionConfig(rope=True, rope_scaling="ntk", rope_factor=0.5), "rope_factor", "0.5")
     one_line_error(lambda: MultiHeadAttention(32, 4, rope=True, rope_scaling="dynamic"), "dynamic", "max_length")
     grid = TokenLayout(max_length=5, grid=(2, 2), prefix_tokens=1)
-    one_line_error(lambda: MultiHeadAttention(32, 4, rope=True, rope_scaling="linear", layout=grid), "grid", "rope")
+    one_line_error(
+        lambda: MultiHeadAttention(32, 4, rope=True, rope_scaling="linear", rope_factor=2.0, layout=grid),
+        "grid",
+        "rope",
+    )
+    for scaling in ("linear", "ntk"):  # a factor of 1 would silently be plain RoPE; dynamic NTK still grows its base
+        build = lambda s=scaling: AttentionConfig(rope=True, rope_scaling=s)  # noqa: E731
+        one_line_error(build, repr(scaling), "rope_factor=1", "> 1")
+    AttentionConfig(rope=True, rope_scaling="dynamic")

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from zoo.attention import VARIANTS, AttentionConfig
 from zoo.models.clip import CLIP, CLIPConfig
 from zoo.models.gpt import GPT, GPTConfig
+from zoo.models.sequence_classifier import SequenceClassifier, SequenceClassifierConfig
 from zoo.models.translation import TranslationConfig, TranslationTransformer
 from zoo.models.vit import ViT, ViTConfig
 
@@ -50,8 +51,18 @@ def step_clip(config: AttentionConfig) -> torch.Tensor:
     return (image_embeddings @ text_embeddings.T * scale).sum()
 
 
-STEPS = {"vit": step_vit, "gpt": step_gpt, "translation": step_translation, "clip": step_clip}
-CAUSAL = {"vit": False, "gpt": True, "translation": True, "clip": True}  # does the model attend causally?
+def step_sequence_classifier(config: AttentionConfig) -> torch.Tensor:
+    settings = {"vocab_size": 16, "max_length": 12, "num_classes": 3, "dim": 16, "depth": 1, "num_heads": 2}
+    model = SequenceClassifier(SequenceClassifierConfig(**settings, attention=config))
+    return model(torch.randint(1, 16, (2, 12))).sum()
+
+
+STEPS = {
+    "vit": step_vit, "gpt": step_gpt, "translation": step_translation, "clip": step_clip,
+    "sequence_classifier": step_sequence_classifier,
+}  # fmt: skip
+CAUSAL = {"vit": False, "gpt": True, "translation": True, "clip": True, "sequence_classifier": False}
+GRID = {"vit", "clip"}  # models with a patch grid (CLIP's image tower): 2-D positions
 
 
 @pytest.mark.parametrize("name", ATTENTIONS)
@@ -80,3 +91,66 @@ def test_clip_takes_compressed_attention_in_its_image_tower() -> None:
     assert model.text_encoder.blocks[0].self_attn.variant == "full"
     image_embeddings, _, _ = model(torch.randn(2, 1, 8, 8), torch.tensor([[1, 5, 2]]))
     assert image_embeddings.shape == (2, 8)
+
+
+# The shared fields of AttentionConfig (part 2 of the attention menu) on top of every conf/attention yaml, and
+# linear attention's other feature maps.
+OPTIONS = {
+    "alibi": {"position_bias": "alibi"},
+    "t5": {"position_bias": "t5", "num_buckets": 8, "max_distance": 16},
+    "mqa": {"kv_heads": 1},
+    "rope_ntk": {"rope": True, "rope_scaling": "ntk", "rope_factor": 2.0},
+    "rope_dynamic": {"rope": True, "rope_scaling": "dynamic", "rope_factor": 2.0},
+}
+CASES = [(model, name, option) for model in sorted(STEPS) for name in ATTENTIONS for option in OPTIONS]
+CASES += [(model, "linear", option) for model in sorted(STEPS) for option in ("relu", "favor")]
+OPTIONS |= {"relu": {"feature_map": "relu"}, "favor": {"feature_map": "favor", "num_features": 8}}
+
+
+def refusal(model: str, variant: str, option: str) -> str | None:
+    """What the one-line error of a combination the definitions do not allow says (None: it trains)."""
+    if option in ("alibi", "t5") and variant in ("linear", "compressed"):
+        return "never forms"  # no scores to add a bias to
+    if model in GRID and option in ("alibi", "t5"):
+        return "a patch grid (ViT) takes attention.rope=true"  # distances along a sequence, not a grid
+    if model in GRID and option.startswith("rope_"):
+        return "stretches 1-D sequences"  # length scaling of 1-D RoPE; ViT's is 2-D
+    if CAUSAL[model] and variant == "compressed":
+        return "is bidirectional only"
+    return None
+
+
+@pytest.mark.parametrize(("model", "name", "option"), CASES)
+def test_every_model_trains_with_every_attention_option_or_refuses_in_one_line(model, name, option) -> None:
+    torch.manual_seed(0)
+    expected = refusal(model, attention(name).variant, option)
+    if expected is not None:
+        with pytest.raises(ValueError) as info:  # from the config, or from the model that builds on it
+            STEPS[model](attention(name).replace(**OPTIONS[option]))
+        assert "\n" not in str(info.value) and expected in str(info.value), info.value
+        return
+    loss = STEPS[model](attention(name).replace(**OPTIONS[option]))
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+def test_translation_takes_compressed_attention_in_its_encoder() -> None:
+    from zoo.models.translation import greedy_decode
+
+    torch.manual_seed(0)
+    settings = {"vocab_size": 20, "dim": 16, "encoder_layers": 1, "decoder_layers": 1, "num_heads": 2, "mlp_dim": 32}
+    config = TranslationConfig(**settings, max_length=16, encoder_attention={"variant": "compressed", "kv_heads": 1})
+    model = TranslationTransformer(config)
+    encoder, decoder = model.encoder[0].self_attn, model.decoder[0].self_attn
+    assert (encoder.variant, encoder.kv_heads, decoder.variant, decoder.kv_heads) == ("compressed", 1, "full", 2)
+    assert model.decoder[0].cross_attn.variant == "full"
+    src = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]])  # padded source: compressed masks it
+    model(src, torch.randint(3, 20, (2, 7))).sum().backward()
+    assert encoder.kernel.key_projection.grad is not None
+    assert len(greedy_decode(model.eval(), src, max_len_a=1.0, max_len_b=2)) == 2
+    assert TranslationConfig.from_dict(config.to_dict()).encoder_attention == {"variant": "compressed", "kv_heads": 1}
+    for name in ("rope", "position_bias"):  # positions are both stacks' (positions / attention)
+        with pytest.raises(ValueError, match=f"encoder_attention.{name} is set.*set it there"):
+            TranslationConfig(**settings, encoder_attention={name: "alibi" if name == "position_bias" else True})
+    with pytest.raises(ValueError, match="unknown attention variant 'bigbird'"):
+        TranslationConfig(**settings, encoder_attention={"variant": "bigbird"})

@@ -25,6 +25,11 @@ VARIANTS = {
     "gqa": {"rope": True, "kv_heads": 1},
     "rope_ntk": {"rope": True, "rope_scaling": "ntk", "rope_factor": 2.0},
 }
+# The pattern kernels with a position bias (and grouped heads): decoding and generating past block_size.
+BIASED_PATTERNS = {
+    "sparse_alibi_gqa": {"variant": "sparse", "stride": 5, "position_bias": "alibi", "kv_heads": 1},
+    "axial_t5": {"variant": "axial", "row_length": 5, "position_bias": "t5", "num_buckets": 8, "max_distance": 16},
+}
 
 
 def tiny_gpt(attention: dict | None = None, **overrides) -> GPT:
@@ -91,10 +96,10 @@ def test_future_tokens_do_not_change_past_logits(name: str) -> None:
     assert not torch.allclose(a[:, 12:], b[:, 12:], atol=1e-3)
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("name", sorted(VARIANTS) + sorted(BIASED_PATTERNS))
 def test_incremental_decoding_matches_full_forward(name: str) -> None:
     torch.manual_seed(0)
-    model = tiny_gpt(VARIANTS[name])
+    model = tiny_gpt({**VARIANTS, **BIASED_PATTERNS}[name])
     idx = torch.randint(0, 37, (2, 24))
     with torch.no_grad():
         full = model(idx)
@@ -117,10 +122,10 @@ def test_cached_generation_equals_uncached_also_past_block_size(name: str) -> No
     assert torch.equal(outputs[0], outputs[1])
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5", "local_alibi"])
+@pytest.mark.parametrize("name", ["alibi", "t5", "local_alibi", *sorted(BIASED_PATTERNS)])
 def test_gpt_with_a_position_bias_generates_past_block_size_without_cropping(name: str) -> None:
     torch.manual_seed(0)
-    model = tiny_gpt(VARIANTS[name])
+    model = tiny_gpt({**VARIANTS, **BIASED_PATTERNS}[name])
     assert model.wpe is None and model.max_length is None
     prompt = torch.randint(0, 37, (1, 30))  # longer than block_size 24: allowed
     out = model.generate(prompt, 20, temperature=0.0)

@@ -53,8 +53,8 @@ class CompressedAttention(Kernel):
         if layout.max_length is None:
             raise ValueError(
                 "attention variant 'compressed' projects keys along the sequence and needs the model's maximum "
-                "length, which this attention was not told (cross-attention memories have none); valid: "
-                "bidirectional self-attention in a model that gives its length (ViT, CLIP's image tower)"
+                "length, which this attention was not told (cross-attention memories have none); valid: bidirectional "
+                "self-attention in a model that gives its length (ViT, CLIP's image tower, the translation encoder)"
             )
         self.max_length = layout.max_length
         self.rows = self.compressed_length or -(-layout.max_length // DEFAULT_COMPRESSION)

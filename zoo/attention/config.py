@@ -85,6 +85,11 @@ class AttentionConfig:
                 )
         if isinstance(self.rope_factor, bool) or not isinstance(self.rope_factor, (int, float)) or self.rope_factor < 1:
             raise ValueError(f"attention.rope_factor must be a number >= 1, got {self.rope_factor!r}")
+        if self.rope_scaling in ("linear", "ntk") and self.rope_factor == 1:
+            raise ValueError(
+                f"attention.rope_scaling={self.rope_scaling!r} with attention.rope_factor=1 is plain RoPE; give "
+                "attention.rope_factor > 1 (e.g. the ratio of the longest length to the trained one)"
+            )
         if self.position_bias is not None:
             check_choice("attention.position_bias", self.position_bias, POSITION_BIASES)
             if not kernel.supports_position_bias:

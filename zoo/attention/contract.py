@@ -128,11 +128,9 @@ class Kernel(nn.Module):
     supports_causal: ClassVar[bool] = True
     supports_position_bias: ClassVar[bool] = False
 
-    def setup(self, layout: TokenLayout, *, num_heads: int = 1) -> None:
-        """Learn the model's token layout and head count (kernels that need a maximum length, a grid or
-        per-head parameters override this)."""
+    def setup(self, layout: TokenLayout) -> None:
+        """Learn the model's token layout (kernels that need a maximum length or a grid override this)."""
         self.layout = layout
-        self.num_heads = num_heads
 
     def setup_heads(self, heads: HeadLayout) -> None:
         """Learn the heads' shape (kernels with buffers sized by head_dim override this)."""

@@ -5,8 +5,9 @@ residual + LayerNorm after each sublayer (the paper, `norm_first=False`) or befo
 a final LayerNorm per stack). Source and target share one BPE vocabulary, so one embedding matrix can
 serve both sides and the output projection (section 3.4). Every block comes from zoo.nn.blocks, so the
 attention config (full, local, linear, RoPE, ALiBi / T5 biases) applies to both self-attentions (a T5
-bias shared per stack: one for the encoder, one for the decoder); cross-attention is full unless
-`cross_attention` names another kernel.
+bias shared per stack: one for the encoder, one for the decoder); `encoder_attention` changes the encoder's
+self-attention only (e.g. memory-compressed attention, which is bidirectional only); cross-attention is full
+unless `cross_attention` names another kernel.
 
 Decoding lives here too: greedy and beam search over the decoder's KV cache (`new_caches`), which
 holds the growing self-attention keys/values and the encoder keys/values computed once.
@@ -56,6 +57,9 @@ class TranslationConfig(ModelConfig):
     bos_id: int = 1
     eos_id: int = 2
     attention: AttentionConfig = field(default_factory=AttentionConfig)
+    # Settings of `attention` that differ in the encoder's self-attention (e.g. {"variant": "compressed"}); the
+    # positions (rope, position_bias) stay those of both stacks.
+    encoder_attention: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -74,6 +78,19 @@ class TranslationConfig(ModelConfig):
             self.attention = self.attention.replace(rope=True)
         elif self.attention.position_bias is not None:  # so does a position bias
             self.positions = self.attention.position_bias
+        if self.encoder_attention is not None:
+            self.encoder_attention = dict(self.encoder_attention)
+            for name in ("rope", "position_bias"):
+                if name in self.encoder_attention:
+                    raise ValueError(
+                        f"encoder_attention.{name} is set, but the encoder's positions follow positions / "
+                        f"attention.{name} of both stacks; set it there"
+                    )
+            self.encoder_self_attention()  # one-line errors for bad settings
+
+    def encoder_self_attention(self) -> AttentionConfig:
+        """The attention of the encoder's self-attention: `attention` with `encoder_attention` on top."""
+        return self.attention.replace(**(self.encoder_attention or {}))
 
 
 class TranslationTransformer(nn.Module):
@@ -101,7 +118,7 @@ class TranslationTransformer(nn.Module):
                 depth,
                 c.dim,
                 c.num_heads,
-                c.attention,
+                c.attention if decoder else c.encoder_self_attention(),
                 causal=decoder,
                 mlp_dim=c.mlp_dim,
                 cross_attention=decoder,
