@@ -41,7 +41,13 @@ def test_config_option_composes(group: str, option: str, tmp_path: Path) -> None
     overrides = [f"{group}={option}"]
     if group == "data":  # a dataset composes with the model family that reads it
         target = (CONF / "data" / f"{option}.yaml").read_text()
-        family = {"text": "gpt", "parallel_text": "translation", "captions": "clip"}
+        family = {
+            "text": "gpt",
+            "parallel_text": "translation",
+            "captions": "clip",
+            "listops": "sequence_classifier",
+            "sequences": "sequence_classifier",
+        }
         overrides = [f"model={m}" for key, m in family.items() if f"zoo.data.{key}." in target] + overrides
     if option == "image_folder":  # the user must name the folder and its classes
         overrides += ["data.data_dir=images", "data.num_classes=3"]
