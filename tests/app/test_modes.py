@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import zoo
-from tests.helpers import VARIANTS, as_checkpoint, run_in_process, tiny_model
+from tests.helpers import REFUSED, VARIANTS, as_checkpoint, run_in_process, tiny_model, variant_runs
 from zoo.data.captions import encode_captions
 from zoo.data.images import DigitsDataModule
 from zoo.export import save_folder
@@ -169,12 +169,41 @@ def test_attention_maps_of_every_family_are_pngs_and_reach_the_loggers(world, ca
     assert events and events[0].stat().st_size > 1000  # the two pictures, logged to TensorBoard
 
 
-@pytest.mark.parametrize("attention", list(VARIANTS))
-@pytest.mark.parametrize("family", ["vit", "clip", "gpt", "translation"])
+MAP_FAMILIES = ("vit", "clip", "gpt", "translation")
+RUNNING = [(family, attention) for family in MAP_FAMILIES for attention in VARIANTS if variant_runs(family, attention)]
+
+
+def test_the_variants_left_out_of_a_family_are_refused_by_it() -> None:
+    for family, attention in sorted(REFUSED):
+        with pytest.raises(ValueError, match="bidirectional only|biases distances along a token sequence"):
+            tiny_model(family, attention)
+
+
+def self_attention_faithful(model: torch.nn.Module, inputs: torch.Tensor) -> float:
+    """The largest difference between the first block's self-attention output and out_proj(weights @ v) of the
+    weights that attention_weights reports for it: the maps are what the kernel applies (bias, groups included)."""
+    attention = model.blocks[0].self_attn
+    seen = {}
+    handle = attention.register_forward_hook(lambda module, args, output: seen.update(x=args[0], output=output))
+    try:
+        weights = model.attention_weights(inputs)[0]
+    finally:
+        handle.remove()
+    out, reported = seen["output"]
+    assert torch.equal(reported, weights)
+    with torch.no_grad():
+        v = attention._heads_qkv(seen["x"])[2]  # (B, G, T, D)
+        v = v.repeat_interleave(weights.shape[1] // v.shape[1], dim=1)  # grouped heads: query head h uses h // (H/G)
+        mixed = (weights @ v).transpose(1, 2).reshape(out.shape)
+        return float((attention.out_proj(mixed) - out).abs().max())
+
+
+@pytest.mark.parametrize(("family", "attention"), RUNNING, ids=[f"{f}-{a}" for f, a in RUNNING])
 def test_attention_maps_exist_for_every_variant(family: str, attention: str, tmp_path: Path) -> None:
     from torchvision.io import write_png
 
     from zoo.app.modes import gpt_attention_figures, image_attention_figures
+    from zoo.models.vit import attention_rollout
     from zoo.tasks.translation import alignment_figure
 
     model = tiny_model(family, attention)
@@ -183,16 +212,25 @@ def test_attention_maps_exist_for_every_variant(family: str, attention: str, tmp
         vit = model if family == "vit" else model.image_encoder
         figures = image_attention_figures(vit, model.preprocessing, [tmp_path / "digit.png"])
         assert set(figures) == {"digit_rollout", "digit_layers"}
-        rollout = figures["digit_rollout"].axes[1].images[0].get_array()
-        assert rollout.shape == (4, 4) and 0 < rollout.sum() <= 1 + 1e-5  # the class token's share on the patches
+        images = model.preprocessing.load([tmp_path / "digit.png"])
+        rollout = attention_rollout(vit.attention_weights(images))
+        assert rollout.min() >= 0 and torch.allclose(rollout.sum(dim=-1), torch.ones(1, 17), atol=1e-5)
+        shown = figures["digit_rollout"].axes[1].images[0].get_array()
+        assert torch.allclose(torch.as_tensor(shown), rollout[0, 0, 1:].reshape(4, 4))  # the class token's row
+        assert self_attention_faithful(vit, images) < 1e-5
     elif family == "gpt":
         figures = gpt_attention_figures(model, "def f(x):")
         assert set(figures) == {"layer0", "layer1"}
+        labels = [t.get_text() for t in figures["layer0"].axes[0].get_xticklabels()]
+        assert labels == list("def") + ["▁"] + list("f(x):")  # the space as the tokenizer writes it
+        assert self_attention_faithful(model, torch.tensor([model.tokenizer.encode("def f(x):").ids])) < 1e-5
     else:
         source = [model.tokenizer.token_to_id(c) for c in "eins"] + [2]
         figures = {"alignment": alignment_figure(model, model.tokenizer, source, [5, 6])}
     for figure in figures.values():
         assert any(axes.get_label() == "<colorbar>" for axes in figure.axes)
+        panels = [axes for axes in figure.axes if axes.get_visible() and axes.get_label() != "<colorbar>"]
+        assert all(panel.get_xlabel() or panel.get_title() for panel in panels)
 
 
 def test_the_gpt_exports_as_a_huggingface_gpt2_folder(world, capsys) -> None:
@@ -219,9 +257,10 @@ BAD = [
     (["model=vit", "mode=export", "ckpt_path={rope_gpt}"], ["holds a gpt model, not a vit one", "pass model=gpt"]),
     (["mode=predict", "ckpt_path={vit}", "inputs={root}", "top_k=0"], ["top_k must be a positive int"]),
     (["mode=export", "ckpt_path={vit}", "format=zip"], ["unknown format 'zip'", "huggingface, onnx, safetensors"]),
-    (["model=clip", "mode=export", "ckpt_path={clip}", "format=onnx"], ["format=onnx supports model=gpt and model=v"]),
+    (["model=clip", "mode=export", "ckpt_path={clip}", "format=onnx"],
+     ["format=onnx supports model=gpt | sequence_classifier | vit, not model=clip"]),
     (["model=gpt", "mode=export", "ckpt_path={rope_gpt}", "format=huggingface"],
-     ["format=huggingface", "rope=True", "supported: attention=full without RoPE"]),
+     ["format=huggingface", "rope=True", "supported: attention=full without rope, position_bias or kv_heads"]),
     (["model=clip", "mode=retrieve", "ckpt_path={clip}", "inputs={root}"], ["mode=retrieve needs query="]),
     (["model=clip", "mode=zero_shot", "ckpt_path={clip}", "inputs={root}", "templates=[no label here]"],
      ["{label}", "'no label here'"]),
