@@ -51,6 +51,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
         out[f"{name}_stdout"] = stdout
     out["gpt"] = as_checkpoint(tiny_model("gpt"), root / "gpt.ckpt")
     out["translation"] = as_checkpoint(tiny_model("translation"), root / "translation.ckpt")
+    out["sequence_classifier"] = as_checkpoint(tiny_model("sequence_classifier"), root / "sequence_classifier.ckpt")
     out["root"] = root
     return out
 
@@ -242,6 +243,25 @@ def test_the_gpt_exports_as_a_huggingface_gpt2_folder(world, capsys) -> None:
         torch.testing.assert_close(hf(ids).logits, zoo.load(world["gpt"])(ids), atol=1e-5, rtol=1e-5)
 
 
+def test_the_sequence_classifier_exports_to_a_folder_and_onnx(world, capsys) -> None:
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    run_dir = world["root"] / "export_sequence_classifier"
+    args = ["model=sequence_classifier", "mode=export", "format=onnx", f"ckpt_path={world['sequence_classifier']}"]
+    out = run(args, run_dir, capsys)
+    assert "exported the sequence_classifier model" in out and "largest difference to PyTorch" in out
+    model, folder = zoo.load(world["sequence_classifier"]), run_dir / "export"
+    ids = torch.randint(
+        1, model.config.vocab_size, (1, model.config.max_length), generator=torch.Generator().manual_seed(3)
+    )
+    ids[0, -4:] = model.config.padding_id
+    session = onnxruntime.InferenceSession(str(folder / "model.onnx"))
+    (logits,) = session.run(["logits"], {"input_ids": ids.numpy()})
+    with torch.no_grad():
+        assert torch.equal(zoo.load(folder)(ids), model(ids))
+        assert (torch.from_numpy(logits) - model(ids)).abs().max() <= 1e-4
+
+
 @pytest.fixture(scope="module")
 def rope_gpt(world) -> Path:
     return save_folder(tiny_model("gpt", "rope"), world["root"] / "rope_gpt")
@@ -265,6 +285,8 @@ BAD = [
     (["model=clip", "mode=zero_shot", "ckpt_path={clip}", "inputs={root}", "templates=[no label here]"],
      ["{label}", "'no label here'"]),
     (["model=gpt", "mode=attention_maps", "ckpt_path={gpt}", "prompt=" + "x" * 17], ["17 tokens", "block_size=16"]),
+    (["model=sequence_classifier", "mode=attention_maps", "ckpt_path={sequence_classifier}"],
+     ["mode=attention_maps is for model=vit | clip | gpt | translation", "holds a sequence_classifier model"]),
 ]  # fmt: skip
 
 
