@@ -249,7 +249,8 @@ def tiny_model(family: str, attention: str | dict = "full", seed: int = 0) -> to
         model = CLIP(CLIPConfig(embed_dim=16, image=vit, text=text))
         preprocessing, extra = digits, {"templates": ["a photo of the number {label}."]}
     elif family == "sequence_classifier":
-        config = SequenceClassifierConfig(vocab_size=12, max_length=15, num_classes=4, padding_id=0, dim=16, depth=2,
+        # ListOps' vocabulary (zoo.data.listops), so the README's ListOps example runs on it
+        config = SequenceClassifierConfig(vocab_size=16, max_length=15, num_classes=10, padding_id=0, dim=16, depth=2,
                                           num_heads=2, mlp_dim=32, attention=settings)  # fmt: skip
         model = SequenceClassifier(config)
     else:

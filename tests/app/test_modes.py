@@ -170,6 +170,20 @@ def test_attention_maps_of_every_family_are_pngs_and_reach_the_loggers(world, ca
     assert events and events[0].stat().st_size > 1000  # the two pictures, logged to TensorBoard
 
 
+def test_attention_maps_name_the_attention_they_show(world, capsys) -> None:
+    """CLIP with attention set per tower (model.net.attention=null, the README's compressed image tower) and a
+    GPT with a pattern, a bias and grouped heads, through run.py."""
+    example = next((world["vit"].parents[1] / "examples").iterdir())
+    root = world["root"]
+    clip = as_checkpoint(tiny_model("clip", "compressed"), root / "clip_compressed.ckpt")
+    out = run(["model=clip", "mode=attention_maps", f"ckpt_path={clip}", f"inputs={example}"], root / "maps_c", capsys)
+    assert "attention maps of the clip model (compressed attention)" in out
+    sparse = {"variant": "sparse", "stride": 2, "position_bias": "alibi", "kv_heads": 1}
+    gpt = as_checkpoint(tiny_model("gpt", sparse), root / "gpt_sparse.ckpt")
+    out = run(["model=gpt", "mode=attention_maps", f"ckpt_path={gpt}", "prompt=def"], root / "maps_g", capsys)
+    assert "attention maps of the gpt model (sparse attention, alibi bias, 1 kv head(s))" in out
+
+
 MAP_FAMILIES = ("vit", "clip", "gpt", "translation")
 RUNNING = [(family, attention) for family in MAP_FAMILIES for attention in VARIANTS if variant_runs(family, attention)]
 

@@ -338,6 +338,18 @@ def gpt_attention_figures(model: nn.Module, prompt: str) -> dict[str, Any]:
     }
 
 
+def describe_attention(attention: Any) -> str:
+    """An AttentionConfig in words: 'sparse attention, alibi bias, 1 kv head(s)'."""
+    words = [f"{attention.variant} attention"]
+    if attention.rope:
+        words.append("RoPE")
+    if attention.position_bias is not None:
+        words.append(f"{attention.position_bias} bias")
+    if attention.kv_heads is not None:
+        words.append(f"{attention.kv_heads} kv head(s)")
+    return ", ".join(words)
+
+
 def attention_maps(cfg: DictConfig) -> dict[str, float]:
     """`mode=attention_maps`: ViT and CLIP's image tower, attention rollout (Abnar & Zuidema 2020) and the
     class token's attention per layer and head for each of `inputs`; GPT, every head's map over `prompt`;
@@ -374,7 +386,8 @@ def attention_maps(cfg: DictConfig) -> dict[str, float]:
         log_image(loggers, f"attention/{name}", figure, save_path=folder / f"{name}.png")
     for logger in loggers:
         logger.finalize("success")
-    print(f"wrote {len(figures)} attention maps of the {family} model ({model.config.attention.variant} attention) "
+    shown = model.config.image.attention if family == "clip" else model.config.attention  # CLIP: the image tower's
+    print(f"wrote {len(figures)} attention maps of the {family} model ({describe_attention(shown)}) "
           f"to {shown_path(folder)}/: {', '.join(sorted(figures))}")  # fmt: skip
     return {}
 
