@@ -108,6 +108,8 @@ def test_loading_needs_neither_lightning_nor_hydra(tmp_path: Path) -> None:
 
 
 def test_what_is_no_model_gets_one_line(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="'nothing.ckpt' does not exist; valid: a checkpoint .* or a folder"):
+        zoo.load("nothing.ckpt")
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="without config.json"):
         zoo.load(tmp_path / "empty")

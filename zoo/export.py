@@ -57,6 +57,11 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
     """The trained network of a zoo checkpoint (`outputs/<model>/<run>/checkpoints/*.ckpt`) or of a folder
     written by `mode=export`, in eval mode on `device`, with `.tokenizer`, `.preprocessing` and `.settings`."""
     source = Path(path).expanduser()
+    if not source.exists():
+        raise CheckpointError(
+            f"{str(path)!r} does not exist; valid: a checkpoint (outputs/<model>/<run>/checkpoints/*.ckpt) or a "
+            "folder written by mode=export"
+        )
     model = _from_folder(source) if source.is_dir() else _from_checkpoint(source)
     return model.to(device).eval()
 
