@@ -180,28 +180,49 @@ def tiny_data_overrides(cfg: DictConfig, data: dict[str, Path]) -> list[str]:
 
 
 # -- tiny trained-model stand-ins (random weights) for the inference modes and zoo.load --------------------
-# The attention variants as conf/attention writes them (local's window small enough to matter at these sizes).
+# Every registered attention variant and the shared fields that change what attention computes (RoPE, the
+# position biases, grouped kv heads, FAVOR+), as conf/attention writes them, with options small enough to
+# matter at these sizes.
 VARIANTS = {
     "full": {"variant": "full"},
     "local": {"variant": "local", "window": 4},
     "linear": {"variant": "linear"},
+    "favor": {"variant": "linear", "feature_map": "favor"},
+    "sparse": {"variant": "sparse", "stride": 2},
+    "axial": {"variant": "axial"},
+    "compressed": {"variant": "compressed", "share_projection": False},
     "rope": {"variant": "full", "rope": True},
+    "alibi": {"variant": "full", "position_bias": "alibi"},
+    "t5": {"variant": "local", "window": 4, "position_bias": "t5", "num_buckets": 8, "max_distance": 16},
+    "gqa": {"variant": "full", "kv_heads": 1},
 }
+FAMILIES = ("vit", "gpt", "translation", "clip", "sequence_classifier")
+# What the definitions refuse: compressed keys mix past and future (bidirectional only: not GPT, the
+# translation decoder or CLIP's text tower, which keeps full attention there); a position bias measures
+# distances along a sequence (not a ViT's patch grid: CLIP's image tower keeps full attention there).
+REFUSED = {("gpt", "compressed"), ("translation", "compressed"), ("vit", "alibi"), ("vit", "t5")}
 
 
-def tiny_model(family: str, attention: str = "full", seed: int = 0) -> torch.nn.Module:
+def variant_runs(family: str, attention: str) -> bool:
+    """Whether `attention` runs in `family` (CLIP: in the tower it suits; tests/app/test_modes checks REFUSED)."""
+    return (family, attention) not in REFUSED
+
+
+def tiny_model(family: str, attention: str | dict = "full", seed: int = 0) -> torch.nn.Module:
     """A small random network of `family` with the tokenizer / image preprocessing a checkpoint would carry
-    attached (as zoo.load returns it), in eval mode."""
+    attached (as zoo.load returns it), in eval mode. Every parameter is random (the heads too, which training
+    starts at zero), so that two networks that differ give different outputs."""
     from zoo.data.captions import end_of_text_id, train_caption_tokenizer
     from zoo.data.preprocessing import ImagePreprocessing
     from zoo.data.tokenizers import train_char_tokenizer
     from zoo.models.clip import CLIP, CLIPConfig
     from zoo.models.gpt import GPT, GPTConfig
+    from zoo.models.sequence_classifier import SequenceClassifier, SequenceClassifierConfig
     from zoo.models.translation import TranslationConfig, TranslationTransformer
     from zoo.models.vit import ViT, ViTConfig
 
     torch.manual_seed(seed)
-    settings = VARIANTS[attention]
+    settings = VARIANTS[attention] if isinstance(attention, str) else attention
     digits = ImagePreprocessing(8, 1, (0.3,), (0.38,), tuple(str(d) for d in range(10)))
     vit = {"image_size": 8, "patch_size": 2, "dim": 16, "depth": 2, "num_heads": 2, "mlp_dim": 32}
     vit["attention"] = settings
@@ -223,10 +244,21 @@ def tiny_model(family: str, attention: str = "full", seed: int = 0) -> torch.nn.
         tokenizer = train_caption_tokenizer(captions, "char", None, 32)
         text = {"vocab_size": tokenizer.get_vocab_size(), "max_length": 32, "dim": 16, "depth": 1, "num_heads": 2,
                 "mlp_dim": 32, "eot_token_id": end_of_text_id(tokenizer)}  # fmt: skip
-        model = CLIP(CLIPConfig(embed_dim=16, image=vit, text=text, attention=settings))
+        text["attention"] = {"variant": "full"} if settings["variant"] == "compressed" else settings
+        vit["attention"] = {"variant": "full"} if "position_bias" in settings else settings
+        model = CLIP(CLIPConfig(embed_dim=16, image=vit, text=text))
         preprocessing, extra = digits, {"templates": ["a photo of the number {label}."]}
+    elif family == "sequence_classifier":
+        # ListOps' vocabulary (zoo.data.listops), so the README's ListOps example runs on it
+        config = SequenceClassifierConfig(vocab_size=16, max_length=15, num_classes=10, padding_id=0, dim=16, depth=2,
+                                          num_heads=2, mlp_dim=32, attention=settings)  # fmt: skip
+        model = SequenceClassifier(config)
     else:
-        raise ValueError(f"unknown family {family!r}")
+        raise ValueError(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}")
+    head = getattr(model, "head", None)
+    if isinstance(head, torch.nn.Linear):
+        torch.nn.init.normal_(head.weight, std=0.5)
+        torch.nn.init.normal_(head.bias, std=0.1)
     model.tokenizer, model.preprocessing, model.settings = tokenizer, preprocessing, extra
     return model.eval()
 
@@ -236,6 +268,7 @@ TASKS = {
     "gpt": "zoo.tasks.language_model.LanguageModelTask",
     "translation": "zoo.tasks.translation.TranslationTask",
     "clip": "zoo.tasks.clip.CLIPTask",
+    "sequence_classifier": "zoo.tasks.classification.SequenceClassificationTask",
 }
 
 

@@ -13,11 +13,9 @@ import pytest
 import torch
 
 import zoo
-from tests.helpers import ROOT, as_checkpoint, tiny_model
+from tests.helpers import FAMILIES, ROOT, VARIANTS, as_checkpoint, tiny_model, variant_runs
 from zoo.errors import CheckpointError, UsageError
 from zoo.export import ONNX_FILE, export_huggingface, export_onnx, onnx_difference, save_folder, tied_weights
-
-FAMILIES = ("vit", "gpt", "translation", "clip")
 
 
 def outputs(model: torch.nn.Module) -> torch.Tensor:
@@ -32,6 +30,10 @@ def outputs(model: torch.nn.Module) -> torch.Tensor:
         if family == "translation":
             src = torch.randint(3, model.config.vocab_size, (2, 7), generator=generator)
             return model(src, torch.randint(3, model.config.vocab_size, (2, 5), generator=generator))
+        if family == "sequence_classifier":  # with padding (id 0) at the end of the second sequence
+            ids = torch.randint(1, model.config.vocab_size, (2, 15), generator=generator)
+            ids[1, 10:] = model.config.padding_id
+            return model(ids)
         images, texts = torch.randn(3, 1, 8, 8, generator=generator), torch.randint(3, 20, (2, 9), generator=generator)
         texts[:, -1] = model.config.text.eot_token_id
         return torch.cat([model.encode_image(images), model.encode_text(texts)])
@@ -57,9 +59,21 @@ def test_a_checkpoint_and_its_exported_folder_load_to_the_same_outputs(family: s
     folder = save_folder(from_checkpoint, tmp_path / "export")
     config = json.loads((folder / "config.json").read_text())
     assert config["family"] == family and config["model"] == model.config.to_dict()
-    assert (folder / "tokenizer.json").is_file() == (family != "vit")
+    assert (folder / "tokenizer.json").is_file() == (family in ("gpt", "translation", "clip"))
     assert (folder / "preprocessing.json").is_file() == (family in ("vit", "clip"))
     assert_same_model(zoo.load(folder), model)
+
+
+ROUND_TRIPS = [(f, a) for f in FAMILIES for a in VARIANTS if a != "full" and variant_runs(f, a)]
+
+
+@pytest.mark.parametrize(("family", "attention"), ROUND_TRIPS, ids=[f"{f}-{a}" for f, a in ROUND_TRIPS])
+def test_every_variant_survives_checkpoint_and_folder(family: str, attention: str, tmp_path: Path) -> None:
+    """Kernel parameters and buffers (compressed's per-head projections, FAVOR+'s features, T5's shared bias,
+    grouped kv projections) travel with the weights."""
+    model = tiny_model(family, attention)
+    loaded = zoo.load(save_folder(zoo.load(as_checkpoint(model, tmp_path / "last.ckpt")), tmp_path / "export"))
+    assert torch.equal(outputs(loaded), outputs(model))
 
 
 def test_a_tied_weight_is_stored_once_and_stays_tied(tmp_path: Path) -> None:
@@ -94,6 +108,8 @@ def test_loading_needs_neither_lightning_nor_hydra(tmp_path: Path) -> None:
 
 
 def test_what_is_no_model_gets_one_line(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="'nothing.ckpt' does not exist; valid: a checkpoint .* or a folder"):
+        zoo.load("nothing.ckpt")
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="without config.json"):
         zoo.load(tmp_path / "empty")
@@ -106,8 +122,21 @@ def test_what_is_no_model_gets_one_line(tmp_path: Path) -> None:
         zoo.load(tmp_path / "other.ckpt")
 
 
-@pytest.mark.parametrize(("family", "attention"), [("vit", "local"), ("gpt", "rope")])
-def test_onnx_matches_pytorch_under_onnxruntime(family: str, attention: str, tmp_path: Path) -> None:
+# Every kernel path that tracing meets once: blockwise windows, linear, memory-compressed (data-dependent
+# masks are taken unconditionally under torch.export), RoPE, a position bias with a sparse pattern, GQA.
+ONNX_CASES = [
+    ("vit", "local"),
+    ("vit", "compressed"),
+    ("gpt", "rope"),
+    ("gpt", "favor"),
+    ("gpt", "gqa"),
+    ("gpt", {"variant": "sparse", "stride": 2, "position_bias": "alibi"}),
+    ("sequence_classifier", "axial"),
+]
+
+
+@pytest.mark.parametrize(("family", "attention"), ONNX_CASES, ids=lambda case: case if isinstance(case, str) else "")
+def test_onnx_matches_pytorch_under_onnxruntime(family: str, attention, tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     model = tiny_model(family, attention)
@@ -115,9 +144,13 @@ def test_onnx_matches_pytorch_under_onnxruntime(family: str, attention: str, tmp
     assert onnx_difference(model, path) <= 1e-4
 
 
-def test_onnx_is_for_vit_and_gpt(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="format=onnx supports model=gpt and model=vit, not model=clip"):
-        export_onnx(tiny_model("clip"), tmp_path / ONNX_FILE)
+@pytest.mark.parametrize("family", ["clip", "translation"])
+def test_onnx_is_for_the_one_input_families(family: str, tmp_path: Path) -> None:
+    with pytest.raises(
+        UsageError, match=f"format=onnx supports model=gpt \\| sequence_classifier \\| vit, not model={family}"
+    ):
+        export_onnx(tiny_model(family), tmp_path / ONNX_FILE)
+    assert not (tmp_path / ONNX_FILE).exists()
 
 
 def test_huggingface_folder_is_gpt2_with_the_same_logits_and_tokens(tmp_path: Path) -> None:
@@ -132,9 +165,14 @@ def test_huggingface_folder_is_gpt2_with_the_same_logits_and_tokens(tmp_path: Pa
         torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=1e-5)
 
 
+SUPPORTED = "supported: attention=full without rope, position_bias or kv_heads"
+
+
 @pytest.mark.parametrize(("family", "attention", "message"), [
-    ("gpt", "rope", "format=huggingface: GPT-2 has full attention.*rope=True.*supported: attention=full without RoPE"),
-    ("gpt", "local", "variant='local'.*supported: attention=full without RoPE"),
+    ("gpt", "rope", f"format=huggingface: GPT-2 has full multi-head attention.*rope=True.*{SUPPORTED}"),
+    ("gpt", "local", f"variant='local'.*{SUPPORTED}"),
+    ("gpt", "alibi", f"position_bias='alibi'.*{SUPPORTED}"),
+    ("gpt", "gqa", f"kv_heads=1.*{SUPPORTED}"),
     ("vit", "full", "format=huggingface writes GPT-2 folders \\(model=gpt\\), not model=vit; valid formats for it: "
                     "safetensors, onnx"),
 ])  # fmt: skip

@@ -7,7 +7,7 @@ An exported folder holds
     model.safetensors    the network's weights (a tied weight stored once)
     tokenizer.json       text families: the Hugging Face `tokenizers` tokenizer
     preprocessing.json   image families: size, channels, mean, std, class names (zoo.data.preprocessing)
-    model.onnx           format=onnx only (ViT, GPT; static shapes)
+    model.onnx           format=onnx only (ViT, GPT, the sequence classifier; static shapes)
 
 `load` returns the network in eval mode with three attributes: `tokenizer` (or None), `preprocessing` (an
 ImagePreprocessing, or None) and `settings` (the task's inference options, e.g. translation's beam_size).
@@ -32,6 +32,7 @@ from zoo.data.tokenizers import tokenizer_from_string
 from zoo.errors import CheckpointError, UsageError
 from zoo.models.clip import CLIP, CLIPConfig
 from zoo.models.gpt import GPT, GPTConfig
+from zoo.models.sequence_classifier import SequenceClassifier, SequenceClassifierConfig
 from zoo.models.translation import TranslationConfig, TranslationTransformer
 from zoo.models.vit import ViT, ViTConfig
 from zoo.weights import checkpoint_identity, network_state_dict, read_checkpoint, read_weights
@@ -41,8 +42,9 @@ FAMILIES: dict[str, tuple[type[nn.Module], Any]] = {
     "gpt": (GPT, GPTConfig),
     "translation": (TranslationTransformer, TranslationConfig),
     "clip": (CLIP, CLIPConfig),
+    "sequence_classifier": (SequenceClassifier, SequenceClassifierConfig),
 }
-ONNX_FAMILIES = ("gpt", "vit")
+ONNX_FAMILIES = ("gpt", "sequence_classifier", "vit")
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 PREPROCESSING_FILE, ONNX_FILE = "preprocessing.json", "model.onnx"
 FOLDER_FORMAT = "zoo"
@@ -55,12 +57,17 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
     """The trained network of a zoo checkpoint (`outputs/<model>/<run>/checkpoints/*.ckpt`) or of a folder
     written by `mode=export`, in eval mode on `device`, with `.tokenizer`, `.preprocessing` and `.settings`."""
     source = Path(path).expanduser()
+    if not source.exists():
+        raise CheckpointError(
+            f"{str(path)!r} does not exist; valid: a checkpoint (outputs/<model>/<run>/checkpoints/*.ckpt) or a "
+            "folder written by mode=export"
+        )
     model = _from_folder(source) if source.is_dir() else _from_checkpoint(source)
     return model.to(device).eval()
 
 
 def family_of(model: nn.Module) -> str:
-    """vit | gpt | translation | clip: the family of a network from zoo.models."""
+    """vit | gpt | translation | clip | sequence_classifier: the family of a network from zoo.models."""
     family = getattr(getattr(model, "config", None), "family", None)
     if family not in FAMILIES:
         raise ValueError(
@@ -184,7 +191,7 @@ def save_folder(model: nn.Module, folder: str | Path) -> Path:
 
 def onnx_example(model: nn.Module) -> tuple[str, torch.Tensor]:
     """The input name and a fixed-shape example input of the ONNX graph: images (1, C, H, W) for a ViT,
-    token ids (1, block_size) for a GPT."""
+    token ids (1, block_size) for a GPT, (1, max_length) for the sequence classifier."""
     family = family_of(model)
     generator = torch.Generator().manual_seed(0)
     if family == "vit":
@@ -193,7 +200,10 @@ def onnx_example(model: nn.Module) -> tuple[str, torch.Tensor]:
     if family == "gpt":
         shape = (1, model.config.block_size)
         return "input_ids", torch.randint(0, model.config.vocab_size, shape, generator=generator)
-    raise UsageError(f"format=onnx supports model={' and model='.join(ONNX_FAMILIES)}, not model={family}")
+    if family == "sequence_classifier":
+        shape = (1, model.config.max_length)
+        return "input_ids", torch.randint(0, model.config.vocab_size, shape, generator=generator)
+    raise UsageError(f"format=onnx supports model={' | '.join(ONNX_FAMILIES)}, not model={family}")
 
 
 def export_onnx(model: nn.Module, path: str | Path) -> Path:
@@ -254,7 +264,9 @@ def export_huggingface(model: nn.Module, folder: str | Path) -> Path:
     try:
         hf_model = model.to_huggingface()
     except ValueError as error:
-        raise UsageError(f"format=huggingface: {error}; supported: attention=full without RoPE") from None
+        raise UsageError(
+            f"format=huggingface: {error}; supported: attention=full without rope, position_bias or kv_heads"
+        ) from None
     from transformers import PreTrainedTokenizerFast
 
     folder = Path(folder)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import zoo
-from tests.helpers import VARIANTS, as_checkpoint, run_in_process, tiny_model
+from tests.helpers import REFUSED, VARIANTS, as_checkpoint, run_in_process, tiny_model, variant_runs
 from zoo.data.captions import encode_captions
 from zoo.data.images import DigitsDataModule
 from zoo.export import save_folder
@@ -51,6 +51,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
         out[f"{name}_stdout"] = stdout
     out["gpt"] = as_checkpoint(tiny_model("gpt"), root / "gpt.ckpt")
     out["translation"] = as_checkpoint(tiny_model("translation"), root / "translation.ckpt")
+    out["sequence_classifier"] = as_checkpoint(tiny_model("sequence_classifier"), root / "sequence_classifier.ckpt")
     out["root"] = root
     return out
 
@@ -169,12 +170,55 @@ def test_attention_maps_of_every_family_are_pngs_and_reach_the_loggers(world, ca
     assert events and events[0].stat().st_size > 1000  # the two pictures, logged to TensorBoard
 
 
-@pytest.mark.parametrize("attention", list(VARIANTS))
-@pytest.mark.parametrize("family", ["vit", "clip", "gpt", "translation"])
+def test_attention_maps_name_the_attention_they_show(world, capsys) -> None:
+    """CLIP with attention set per tower (model.net.attention=null, the README's compressed image tower) and a
+    GPT with a pattern, a bias and grouped heads, through run.py."""
+    example = next((world["vit"].parents[1] / "examples").iterdir())
+    root = world["root"]
+    clip = as_checkpoint(tiny_model("clip", "compressed"), root / "clip_compressed.ckpt")
+    out = run(["model=clip", "mode=attention_maps", f"ckpt_path={clip}", f"inputs={example}"], root / "maps_c", capsys)
+    assert "attention maps of the clip model (compressed attention)" in out
+    sparse = {"variant": "sparse", "stride": 2, "position_bias": "alibi", "kv_heads": 1}
+    gpt = as_checkpoint(tiny_model("gpt", sparse), root / "gpt_sparse.ckpt")
+    out = run(["model=gpt", "mode=attention_maps", f"ckpt_path={gpt}", "prompt=def"], root / "maps_g", capsys)
+    assert "attention maps of the gpt model (sparse attention, alibi bias, 1 kv head(s))" in out
+
+
+MAP_FAMILIES = ("vit", "clip", "gpt", "translation")
+RUNNING = [(family, attention) for family in MAP_FAMILIES for attention in VARIANTS if variant_runs(family, attention)]
+
+
+def test_the_variants_left_out_of_a_family_are_refused_by_it() -> None:
+    for family, attention in sorted(REFUSED):
+        with pytest.raises(ValueError, match="bidirectional only|biases distances along a token sequence"):
+            tiny_model(family, attention)
+
+
+def self_attention_faithful(model: torch.nn.Module, inputs: torch.Tensor) -> float:
+    """The largest difference between the first block's self-attention output and out_proj(weights @ v) of the
+    weights that attention_weights reports for it: the maps are what the kernel applies (bias, groups included)."""
+    attention = model.blocks[0].self_attn
+    seen = {}
+    handle = attention.register_forward_hook(lambda module, args, output: seen.update(x=args[0], output=output))
+    try:
+        weights = model.attention_weights(inputs)[0]
+    finally:
+        handle.remove()
+    out, reported = seen["output"]
+    assert torch.equal(reported, weights)
+    with torch.no_grad():
+        v = attention._heads_qkv(seen["x"])[2]  # (B, G, T, D)
+        v = v.repeat_interleave(weights.shape[1] // v.shape[1], dim=1)  # grouped heads: query head h uses h // (H/G)
+        mixed = (weights @ v).transpose(1, 2).reshape(out.shape)
+        return float((attention.out_proj(mixed) - out).abs().max())
+
+
+@pytest.mark.parametrize(("family", "attention"), RUNNING, ids=[f"{f}-{a}" for f, a in RUNNING])
 def test_attention_maps_exist_for_every_variant(family: str, attention: str, tmp_path: Path) -> None:
     from torchvision.io import write_png
 
     from zoo.app.modes import gpt_attention_figures, image_attention_figures
+    from zoo.models.vit import attention_rollout
     from zoo.tasks.translation import alignment_figure
 
     model = tiny_model(family, attention)
@@ -183,16 +227,25 @@ def test_attention_maps_exist_for_every_variant(family: str, attention: str, tmp
         vit = model if family == "vit" else model.image_encoder
         figures = image_attention_figures(vit, model.preprocessing, [tmp_path / "digit.png"])
         assert set(figures) == {"digit_rollout", "digit_layers"}
-        rollout = figures["digit_rollout"].axes[1].images[0].get_array()
-        assert rollout.shape == (4, 4) and 0 < rollout.sum() <= 1 + 1e-5  # the class token's share on the patches
+        images = model.preprocessing.load([tmp_path / "digit.png"])
+        rollout = attention_rollout(vit.attention_weights(images))
+        assert rollout.min() >= 0 and torch.allclose(rollout.sum(dim=-1), torch.ones(1, 17), atol=1e-5)
+        shown = figures["digit_rollout"].axes[1].images[0].get_array()
+        assert torch.allclose(torch.as_tensor(shown), rollout[0, 0, 1:].reshape(4, 4))  # the class token's row
+        assert self_attention_faithful(vit, images) < 1e-5
     elif family == "gpt":
         figures = gpt_attention_figures(model, "def f(x):")
         assert set(figures) == {"layer0", "layer1"}
+        labels = [t.get_text() for t in figures["layer0"].axes[0].get_xticklabels()]
+        assert labels == list("def") + ["▁"] + list("f(x):")  # the space as the tokenizer writes it
+        assert self_attention_faithful(model, torch.tensor([model.tokenizer.encode("def f(x):").ids])) < 1e-5
     else:
         source = [model.tokenizer.token_to_id(c) for c in "eins"] + [2]
         figures = {"alignment": alignment_figure(model, model.tokenizer, source, [5, 6])}
     for figure in figures.values():
         assert any(axes.get_label() == "<colorbar>" for axes in figure.axes)
+        panels = [axes for axes in figure.axes if axes.get_visible() and axes.get_label() != "<colorbar>"]
+        assert all(panel.get_xlabel() or panel.get_title() for panel in panels)
 
 
 def test_the_gpt_exports_as_a_huggingface_gpt2_folder(world, capsys) -> None:
@@ -202,6 +255,25 @@ def test_the_gpt_exports_as_a_huggingface_gpt2_folder(world, capsys) -> None:
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, zoo.load(world["gpt"])(ids), atol=1e-5, rtol=1e-5)
+
+
+def test_the_sequence_classifier_exports_to_a_folder_and_onnx(world, capsys) -> None:
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    run_dir = world["root"] / "export_sequence_classifier"
+    args = ["model=sequence_classifier", "mode=export", "format=onnx", f"ckpt_path={world['sequence_classifier']}"]
+    out = run(args, run_dir, capsys)
+    assert "exported the sequence_classifier model" in out and "largest difference to PyTorch" in out
+    model, folder = zoo.load(world["sequence_classifier"]), run_dir / "export"
+    ids = torch.randint(
+        1, model.config.vocab_size, (1, model.config.max_length), generator=torch.Generator().manual_seed(3)
+    )
+    ids[0, -4:] = model.config.padding_id
+    session = onnxruntime.InferenceSession(str(folder / "model.onnx"))
+    (logits,) = session.run(["logits"], {"input_ids": ids.numpy()})
+    with torch.no_grad():
+        assert torch.equal(zoo.load(folder)(ids), model(ids))
+        assert (torch.from_numpy(logits) - model(ids)).abs().max() <= 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -219,13 +291,16 @@ BAD = [
     (["model=vit", "mode=export", "ckpt_path={rope_gpt}"], ["holds a gpt model, not a vit one", "pass model=gpt"]),
     (["mode=predict", "ckpt_path={vit}", "inputs={root}", "top_k=0"], ["top_k must be a positive int"]),
     (["mode=export", "ckpt_path={vit}", "format=zip"], ["unknown format 'zip'", "huggingface, onnx, safetensors"]),
-    (["model=clip", "mode=export", "ckpt_path={clip}", "format=onnx"], ["format=onnx supports model=gpt and model=v"]),
+    (["model=clip", "mode=export", "ckpt_path={clip}", "format=onnx"],
+     ["format=onnx supports model=gpt | sequence_classifier | vit, not model=clip"]),
     (["model=gpt", "mode=export", "ckpt_path={rope_gpt}", "format=huggingface"],
-     ["format=huggingface", "rope=True", "supported: attention=full without RoPE"]),
+     ["format=huggingface", "rope=True", "supported: attention=full without rope, position_bias or kv_heads"]),
     (["model=clip", "mode=retrieve", "ckpt_path={clip}", "inputs={root}"], ["mode=retrieve needs query="]),
     (["model=clip", "mode=zero_shot", "ckpt_path={clip}", "inputs={root}", "templates=[no label here]"],
      ["{label}", "'no label here'"]),
     (["model=gpt", "mode=attention_maps", "ckpt_path={gpt}", "prompt=" + "x" * 17], ["17 tokens", "block_size=16"]),
+    (["model=sequence_classifier", "mode=attention_maps", "ckpt_path={sequence_classifier}"],
+     ["mode=attention_maps is for model=vit | clip | gpt | translation", "holds a sequence_classifier model"]),
 ]  # fmt: skip
 
 

@@ -47,3 +47,14 @@ def test_token_figure_labels_both_axes_with_the_tokens() -> None:
         assert (panel.get_xlabel(), panel.get_ylabel()) == ("key (attended to)", "query")
     with pytest.raises(ValueError, match="4 token labels for attention over 5 tokens"):
         token_attention_figure(weights, tokens[:4])
+
+
+def test_signed_weights_get_a_scale_centred_on_zero() -> None:
+    """Memory-compressed attention's effective weights of the values may be negative: none may be clipped."""
+    maps = torch.rand(2, 2, 4, 4) - 0.3
+    figure = grid_attention_figure(maps)
+    image = [axes for axes in figure.axes if axes.get_label() != "<colorbar>"][0].images[0]
+    low, high = image.get_clim()
+    assert low == -high == -float(maps.abs().max()) and image.get_cmap().name == "coolwarm"
+    assert colour_bars(figure)[0].get_ylabel() == "effective weight"
+    assert grid_attention_figure(maps.abs()).axes[0].images[0].get_clim()[0] == 0.0

@@ -6,8 +6,9 @@ translate       translate sentences with a translation checkpoint           mode
 predict         top-k classes of images                                      model=vit
 zero_shot       probabilities of class names (prompt templates) per image   model=clip
 retrieve        images for a text query, or captions for an image query     model=clip
-attention_maps  attention of every family, as PNGs (and to the loggers)      every model
-export          a self-contained folder: safetensors | onnx | huggingface    every model (onnx: vit, gpt; hf: gpt)
+attention_maps  attention of every family, as PNGs (and to the loggers)      vit, clip, gpt, translation
+export          a self-contained folder: safetensors | onnx | huggingface    every model (onnx: all but translation
+                                                                             and clip; huggingface: gpt)
 
 Every mode but train reads `ckpt_path=` (a checkpoint, or a folder written by mode=export) through zoo.load,
 writes its results into the run directory and prints a short summary.
@@ -60,6 +61,7 @@ from zoo.training.loggers import log_image
 log = logging.getLogger("zoo")
 
 EXPORT_FORMATS = ("safetensors", "onnx", "huggingface")
+ATTENTION_MAP_FAMILIES = ("vit", "clip", "gpt", "translation")
 DEFAULT_TEMPLATES = ("a photo of a {label}.",)
 BATCH = 256  # images per forward pass at inference
 
@@ -336,12 +338,24 @@ def gpt_attention_figures(model: nn.Module, prompt: str) -> dict[str, Any]:
     }
 
 
+def describe_attention(attention: Any) -> str:
+    """An AttentionConfig in words: 'sparse attention, alibi bias, 1 kv head(s)'."""
+    words = [f"{attention.variant} attention"]
+    if attention.rope:
+        words.append("RoPE")
+    if attention.position_bias is not None:
+        words.append(f"{attention.position_bias} bias")
+    if attention.kv_heads is not None:
+        words.append(f"{attention.kv_heads} kv head(s)")
+    return ", ".join(words)
+
+
 def attention_maps(cfg: DictConfig) -> dict[str, float]:
     """`mode=attention_maps`: ViT and CLIP's image tower, attention rollout (Abnar & Zuidema 2020) and the
     class token's attention per layer and head for each of `inputs`; GPT, every head's map over `prompt`;
     translation, the cross-attention alignment of each `text`. PNGs in <run dir>/attention/, and to the
     loggers that show images (TensorBoard, W&B)."""
-    model = load_trained(cfg, "attention_maps", tuple(FAMILIES))
+    model = load_trained(cfg, "attention_maps", ATTENTION_MAP_FAMILIES)
     family = family_of(model)
     if family in ("vit", "clip"):
         files = image_files(required(cfg, "inputs", "attention_maps", "<an image file, a folder of images or a glob>"))
@@ -372,7 +386,8 @@ def attention_maps(cfg: DictConfig) -> dict[str, float]:
         log_image(loggers, f"attention/{name}", figure, save_path=folder / f"{name}.png")
     for logger in loggers:
         logger.finalize("success")
-    print(f"wrote {len(figures)} attention maps of the {family} model ({model.config.attention.variant} attention) "
+    shown = model.config.image.attention if family == "clip" else model.config.attention  # CLIP: the image tower's
+    print(f"wrote {len(figures)} attention maps of the {family} model ({describe_attention(shown)}) "
           f"to {shown_path(folder)}/: {', '.join(sorted(figures))}")  # fmt: skip
     return {}
 

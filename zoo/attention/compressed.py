@@ -121,7 +121,7 @@ class CompressedAttention(Kernel):
         else:
             allowed = (torch.einsum("bn,hkn->bhk", real, magnitude) > 0)[:, :, None, :]
         keys, values = self._project(key_projection, k), self._project(value_projection, v)
-        if bool(allowed.all()):
+        if not torch.compiler.is_exporting() and bool(allowed.all()):  # torch.export cannot branch on values
             allowed = None  # the usual case: one fused SDPA call without a mask
         out, probs = masked_attention(q, keys, values, allowed, dropout_p, need_weights)
         if not need_weights:

@@ -80,7 +80,8 @@ def masked_attention(
     empty = None
     if allowed is not None:
         empty = ~allowed.any(dim=-1, keepdim=True)  # (..., T, 1)
-        if bool(empty.any()):
+        # torch.export (ONNX) cannot branch on values: there empty rows are always handled, a no-op if none is
+        if torch.compiler.is_exporting() or bool(empty.any()):
             allowed = allowed | empty
         else:
             empty = None

@@ -140,12 +140,14 @@ def attention_rollout(weights: list[torch.Tensor], residual: bool = True) -> tor
     """Attention rollout (Abnar & Zuidema 2020, eq. 1): how much each token's final state draws on each input
     token, through all layers. Per layer the heads are averaged and, with `residual`, the skip connection is
     added as an identity (0.5 A + 0.5 I), rows renormalised; the layers' matrices are then multiplied from
-    the first up. weights: per layer (B, H, N, N) -> (B, N, N), every row summing to 1."""
+    the first up. weights: per layer (B, H, N, N) -> (B, N, N), every row summing to 1. Weights that are not
+    probabilities (memory-compressed attention's effective weights of the values may be negative) enter by
+    magnitude, so that every layer's matrix stays row-stochastic."""
     if not weights:
         raise ValueError("attention rollout needs the attention weights of at least one layer")
     rollout = None
     for layer in weights:
-        attention = layer.float().mean(dim=1)  # (B, N, N)
+        attention = layer.float().abs().mean(dim=1)  # (B, N, N)
         if residual:
             attention = 0.5 * attention + 0.5 * torch.eye(attention.shape[-1], device=attention.device)
         attention = attention / attention.sum(dim=-1, keepdim=True).clamp_min(1e-12)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 
 ATTENTION_CMAP = "inferno"
+SIGNED_CMAP = "coolwarm"
 
 
 def _display(image: torch.Tensor) -> tuple[np.ndarray, str | None]:
@@ -53,17 +54,22 @@ def rollout_figure(image: torch.Tensor, rollout: torch.Tensor, title: str = "") 
 def grid_attention_figure(maps: torch.Tensor, title: str = "", query: str = "class token") -> Figure:
     """One panel per layer (rows) and head (columns): the attention of `query` over the patch grid.
 
-    maps (layers, heads, rows, cols); one colour scale for all panels."""
+    maps (layers, heads, rows, cols); one colour scale for all panels. Signed weights (memory-compressed
+    attention's effective weights of the values) get a diverging scale centred on zero."""
     values = maps.detach().float().cpu()
     layers, heads = values.shape[:2]
     figure = Figure(figsize=(1.9 * heads + 1.4, 1.8 * layers + 0.9), dpi=100, layout="constrained")
     axes = np.asarray(figure.subplots(layers, heads, squeeze=False))
-    vmax = float(values.max()) or 1.0
+    signed = bool(values.min() < 0)
+    vmax = float(values.abs().max()) or 1.0
+    vmin, cmap, label = (
+        (-vmax, SIGNED_CMAP, "effective weight") if signed else (0.0, ATTENTION_CMAP, "attention probability")
+    )
     shown = None
     for layer in range(layers):
         for head in range(heads):
             panel = axes[layer, head]
-            shown = panel.imshow(values[layer, head].numpy(), cmap=ATTENTION_CMAP, vmin=0.0, vmax=vmax)
+            shown = panel.imshow(values[layer, head].numpy(), cmap=cmap, vmin=vmin, vmax=vmax)
             panel.set_xticks([])
             panel.set_yticks([])
             if layer == 0:
@@ -72,7 +78,7 @@ def grid_attention_figure(maps: torch.Tensor, title: str = "", query: str = "cla
                 panel.set_ylabel(f"layer {layer}\npatch row", fontsize=9)
             if layer == layers - 1:
                 panel.set_xlabel("patch column", fontsize=9)
-    figure.colorbar(shown, ax=axes.ravel().tolist(), fraction=0.03, pad=0.02, label="attention probability")
+    figure.colorbar(shown, ax=axes.ravel().tolist(), fraction=0.03, pad=0.02, label=label)
     figure.suptitle(title or f"attention of the {query} to each patch")
     return figure
 
