@@ -5,7 +5,7 @@ ReLU, or Performer's FAVOR+ random features), attention factorises (eq. 4-6):
 out_i = phi(q_i)^T S / (phi(q_i)^T z + eps),  S = sum_j phi(k_j) v_j^T,  z = sum_j phi(k_j).
 Bidirectional: one pass in O(n F d) (F features per head). Causal: the sums run over j <= i; computed in
 chunks, with a quadratic causal product inside each chunk and the state of all earlier chunks from one
-cumulative sum over per-chunk states (no loop over tokens or chunks). Decoding keeps only [S | z] (eq. 18-20),
+prefix sum over per-chunk states (no loop over tokens). Decoding keeps only [S | z] (eq. 18-20),
 per key/value head (grouped-query attention shares one state among the query heads of a group).
 
 The denominator phi(q_i)^T z comes from the same chunks as the numerator (row sums of the intra-chunk
@@ -106,6 +106,37 @@ def _bidirectional(phi_q: torch.Tensor, phi_k: torch.Tensor, values: torch.Tenso
     return out.view(batch, heads, length, -1)
 
 
+class _ExclusivePrefixSum(torch.autograd.Function):
+    """Sums over all earlier chunks: (N, nc, F) -> (N, nc, F), out_c = x_0 + ... + x_(c-1), by a loop over the
+    chunks that adds (F,)-sized rows in place: on the CPU torch.cumsum along the middle dimension is a
+    strided scalar scan ~3x slower, and its backward flips the gradient twice (profile in
+    experiments/results/recipes.md). The backward is the same sum taken from the other end."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return _exclusive_scan(x, reverse=False)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return _exclusive_scan(grad.contiguous(), reverse=True)
+
+
+def _exclusive_scan(x: torch.Tensor, reverse: bool) -> torch.Tensor:
+    out = torch.empty_like(x)
+    total = torch.zeros_like(x[:, 0])
+    for index in reversed(range(x.shape[1])) if reverse else range(x.shape[1]):
+        out[:, index] = total
+        total += x[:, index]
+    return out
+
+
+def exclusive_prefix_sum(x: torch.Tensor) -> torch.Tensor:
+    """(N, nc, F): the sum of the chunks before each chunk (the loop above on the CPU, cumsum elsewhere)."""
+    if x.device.type == "cpu":
+        return _ExclusivePrefixSum.apply(x)
+    return x.cumsum(dim=1) - x
+
+
 def causal_linear_attention(
     phi_q: torch.Tensor,
     phi_k: torch.Tensor,
@@ -137,20 +168,21 @@ def causal_linear_attention(
     v_chunks = values.reshape(-1, chunk, width)
     sum_dtype = torch.promote_types(phi_q.dtype, torch.float32)  # long sums in fp32 also for bf16
     # Across chunks: each chunk's phi(K)^T V (per key/value head), summed over all earlier chunks.
-    chunk_states = torch.bmm(k_chunks.transpose(1, 2), v_chunks).view(batch, kv_heads, n_chunks, dim, width)
-    inclusive = chunk_states.cumsum(dim=2, dtype=sum_dtype)
-    exclusive = torch.cat([torch.zeros_like(inclusive[:, :, :1]), inclusive[:, :, :-1]], dim=2)
-    final = inclusive[:, :, -1]
+    chunk_states = torch.bmm(k_chunks.transpose(1, 2), v_chunks).view(batch * kv_heads, n_chunks, dim * width)
+    chunk_states = chunk_states.to(sum_dtype)
+    exclusive = exclusive_prefix_sum(chunk_states)
+    final = (exclusive[:, -1] + chunk_states[:, -1]).view(batch, kv_heads, dim, width)
+    exclusive = exclusive.view(batch, kv_heads, n_chunks, dim, width)
     prior = None if state is None else (state[..., :width] if normalise else state)
     if prior is not None:
         exclusive = exclusive + prior[:, :, None]
         final = final + prior
     exclusive = exclusive.to(phi_q.dtype)
     if normalise:  # the same sums for z = sum_j phi(k_j): (B, G, nc, D), a vector per chunk
-        chunk_z = phi_k.view(batch, kv_heads, n_chunks, chunk, dim).sum(dim=3, dtype=sum_dtype)
-        inclusive_z = chunk_z.cumsum(dim=2)
-        exclusive_z = inclusive_z - chunk_z
-        final_z = inclusive_z[:, :, -1]
+        chunk_z = phi_k.reshape(batch * kv_heads, n_chunks, chunk, dim).sum(dim=2, dtype=sum_dtype)
+        exclusive_z = exclusive_prefix_sum(chunk_z)
+        final_z = (exclusive_z[:, -1] + chunk_z[:, -1]).view(batch, kv_heads, dim)
+        exclusive_z = exclusive_z.view(batch, kv_heads, n_chunks, dim)
         if state is not None:
             exclusive_z = exclusive_z + state[:, :, None, :, width]
             final_z = final_z + state[..., width]
