@@ -5,7 +5,7 @@ turns it into a BlockMask of 128 x 128 tiles, and the compiled flex_attention vi
 hold an allowed pair, applying the mask inside partial tiles only. This is the backend `attention.backend=
 auto` picks on CUDA for local, sparse and axial attention (full attention stays on SDPA's flash kernel);
 on the CPU FlexAttention has no backward, and forward the blockwise kernels measured faster
-(experiments/results/attention_benchmark.md, row `local-flex`), so there `flex` is chosen only when forced. No position bias and no attention dropout here:
+(experiments/results/recipes.md), so there `flex` is chosen only when forced. No position bias and no attention dropout here:
 AttentionConfig rejects `backend=flex` with either, and `auto` keeps the blockwise path for them.
 """
 
