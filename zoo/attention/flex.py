@@ -5,8 +5,9 @@ turns it into a BlockMask of 128 x 128 tiles, and the compiled flex_attention vi
 hold an allowed pair, applying the mask inside partial tiles only. This is the backend `attention.backend=
 auto` picks on CUDA for local, sparse and axial attention (full attention stays on SDPA's flash kernel);
 on the CPU FlexAttention has no backward, and forward the blockwise kernels measured faster
-(experiments/results/recipes.md), so there `flex` is chosen only when forced. No position bias and no attention dropout here:
-AttentionConfig rejects `backend=flex` with either, and `auto` keeps the blockwise path for them.
+(experiments/results/recipes.md), so there `flex` is chosen only when forced. No position bias and no
+attention dropout here: AttentionConfig rejects `backend=flex` with either, and `auto` keeps the blockwise
+path for them.
 """
 
 from __future__ import annotations
