@@ -10,6 +10,9 @@
 3. MFU: GPT-2 small shape (12 layers, 12 heads, 768 wide, block 1024, vocabulary 50304) trained with bf16
    autocast and fused AdamW; tokens/s and MFU against a measured bf16 matmul peak (and against the GPU's
    dense bf16 datasheet peak when known).
+4. Attention on CUDA: which kernel each variant of experiments/attention_benchmark.py runs (the SDPA backend
+   or FlexAttention, read from the profiler's op names; backend auto), and that benchmark itself on CUDA in
+   bf16 and fp32 (experiments/results/gpu_attention_benchmark_{bfloat16,float32}.md).
 """
 
 from __future__ import annotations
@@ -47,6 +50,55 @@ def check_flash() -> dict:
         gap = (flash.float() - reference).abs().max().item()
         results[f"rope={rope}"] = {"ran_on_flash_only": True, "max_abs_diff_vs_fp32": gap, "ok": gap < 5e-2}
     return results
+
+
+# Profiler op names -> the attention kernel they belong to.
+KERNEL_OPS = {
+    "_scaled_dot_product_flash_attention": "sdpa flash",
+    "_scaled_dot_product_efficient_attention": "sdpa mem-efficient",
+    "_scaled_dot_product_cudnn_attention": "sdpa cudnn",
+    "_scaled_dot_product_attention_math": "sdpa math",
+    "_scaled_dot_product_fused_attention_overrideable": "sdpa overrideable",
+    "flex_attention": "flex",
+    "triton_tem_fused": "flex (compiled triton template)",
+}
+
+
+def attention_kernels(length: int = 4096) -> dict:
+    """variant -> dtype -> the attention kernels its forward ran, from the profiler's op names."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from attention_benchmark import BARE, ROWS, build_rows  # noqa: PLC0415 (experiments is not a package)
+
+    report: dict = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        rows = build_rows(torch.device("cuda"), length, dtype)
+        for name in ROWS:
+            shape = (3, 1, 4, length, 64) if name in BARE else (1, length, 256)
+            x = torch.randn(shape, device="cuda", dtype=dtype)
+            with torch.no_grad():
+                rows[name](x)  # compile / warm up outside the profile
+                with torch.profiler.profile() as prof:
+                    rows[name](x)
+                    torch.cuda.synchronize()
+            seen = {label for event in prof.events() for op, label in KERNEL_OPS.items() if op in event.name}
+            report.setdefault(name, {})[str(dtype).removeprefix("torch.")] = sorted(seen) or ["none (no fused op)"]
+    return report
+
+
+def run_attention_benchmark() -> dict:
+    """experiments/attention_benchmark.py on CUDA, quick, in bf16 and fp32; its markdown goes to results/."""
+    done = {}
+    for dtype in ("bfloat16", "float32"):
+        out = ROOT / "outputs" / "gpu_check" / f"attention_{dtype}"
+        command = [sys.executable, "experiments/attention_benchmark.py", "--quick", "--dtype", dtype, "--out", str(out)]
+        process = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        done[dtype] = process.returncode == 0
+        if done[dtype]:
+            target = ROOT / "experiments" / "results" / f"gpu_attention_benchmark_{dtype}.md"
+            target.write_text((out / "attention_benchmark.md").read_text())
+        else:
+            print(process.stderr[-3000:], flush=True)
+    return done
 
 
 def check_bf16_training(out: Path) -> dict:
@@ -118,6 +170,10 @@ def main() -> None:
     print("bf16 training:", report["bf16_training"], flush=True)
     report["gpt2_small"] = gpt2_small_mfu()
     print("GPT-2 small:", report["gpt2_small"], flush=True)
+    report["attention_kernels"] = attention_kernels()
+    print("attention kernels:", report["attention_kernels"], flush=True)
+    report["attention_benchmark"] = run_attention_benchmark()
+    print("attention benchmark written:", report["attention_benchmark"], flush=True)
     g = report["gpt2_small"]
     lines = [
         "# GPU check (`python experiments/gpu_check.py`)", "",
@@ -130,6 +186,13 @@ def main() -> None:
         f"| GPT-2 small ({g['parameters'] / 1e6:.0f}M) bf16 training | {g['tokens_per_s']:,.0f} tokens/s, MFU "
         f"{g['mfu_vs_measured_peak']:.1%} of the measured bf16 matmul peak ({g['measured_bf16_peak'] / 1e12:.0f} "
         f"TFLOP/s)" + (f", {g['mfu_vs_datasheet']:.1%} of the datasheet peak |" if g["mfu_vs_datasheet"] else " |"),
+        "", "## Attention kernel per benchmark row (backend auto, n=4096, forward)", "",
+        "| row | bfloat16 | float32 |", "|---|---|---|",
+        *(f"| {row} | {', '.join(k['bfloat16'])} | {', '.join(k['float32'])} |"
+          for row, k in report["attention_kernels"].items()),
+        "", "Attention benchmark on CUDA: " + ", ".join(
+            f"[{d}](gpu_attention_benchmark_{d}.md)" + ("" if ok else " (FAILED)")
+            for d, ok in report["attention_benchmark"].items()),
     ]  # fmt: skip
     path = ROOT / "experiments" / "results" / "gpu_check.md"
     path.write_text("\n".join(lines) + "\n")

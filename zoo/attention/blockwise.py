@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from zoo.attention.cache import KVCache, new_tokens_padding
 from zoo.attention.contract import Kernel, ScoreBias, TokenLayout
+from zoo.attention.flex import auto_uses_flex, check_flex_inputs, flex_pattern_attention
 from zoo.attention.functional import masked_attention, repeat_kv, softmax_attention
 
 PARTS_CACHE_SIZE = 8  # lengths whose parts (and masks) a kernel keeps
@@ -346,11 +347,14 @@ class PatternKernel(Kernel):
     as disjoint blockwise parts). This class adds the rest of the contract: the dense path for
     need_weights and short sequences, decoding with a KVCache (a new chunk attends under the pattern's
     rows), a position bias (the contract's `bias`, ALiBi or T5) on both paths, and grouped key/value heads
-    (kept grouped in the cache, expanded where the parts compute).
+    (kept grouped in the cache, expanded where the parts compute). Backends (attention.backend): blockwise
+    (the parts; the CPU's auto), flex (the pattern as a FlexAttention block mask; CUDA's auto), sdpa (the
+    dense path).
     """
 
     supports_cross_attention = False
     supports_position_bias = True
+    backends = ("blockwise", "flex", "sdpa")
 
     def __init__(self) -> None:
         super().__init__()
@@ -358,7 +362,8 @@ class PatternKernel(Kernel):
 
     def setup(self, layout: TokenLayout) -> None:
         super().setup(layout)
-        self._parts.clear()  # parts follow the options that setup resolves
+        self._parts.clear()  # parts (and block masks) follow the options that setup resolves
+        self._flex_masks.clear()
 
     def __getstate__(self) -> dict:
         return {**super().__getstate__(), "_parts": {}}  # a pickled kernel (spawned workers) rebuilds them
@@ -405,15 +410,22 @@ class PatternKernel(Kernel):
                 f"{self.name} attention needs as many queries as keys (self-attention), got {q.shape[2]} and "
                 f"{k.shape[2]}"
             )
-        return self._attend(q, k, v, causal, key_padding_mask, dropout_p, need_weights, bias)
+        backend = self.backend
+        if backend == "auto":
+            backend = "flex" if auto_uses_flex(q, dropout_p, bias) else "blockwise"
+        if backend == "flex" and not need_weights:
+            check_flex_inputs(dropout_p, bias)
+            pattern = functools.partial(self.allowed, causal=causal)
+            return flex_pattern_attention(q, k, v, pattern, self._flex_masks, (causal,), key_padding_mask), None
+        return self._attend(q, k, v, causal, key_padding_mask, dropout_p, need_weights, bias, backend == "sdpa")
 
-    def _attend(self, q, k, v, causal, key_padding_mask, dropout_p, need_weights, score_bias=None):
-        """Queries at the last q_len positions of the keys. need_weights, fewer queries than keys (decoding)
-        and sequences up to DENSE_MAX_LENGTH take the dense (T, S) path."""
+    def _attend(self, q, k, v, causal, key_padding_mask, dropout_p, need_weights, score_bias=None, dense=False):
+        """Queries at the last q_len positions of the keys. need_weights, fewer queries than keys (decoding),
+        sequences up to DENSE_MAX_LENGTH and `dense` (backend sdpa) take the dense (T, S) path."""
         q_len, k_len = q.shape[2], k.shape[2]
         groups = q.shape[1] // k.shape[1]
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-        if need_weights or q_len != k_len or k_len <= DENSE_MAX_LENGTH:
+        if need_weights or q_len != k_len or k_len <= DENSE_MAX_LENGTH or dense:
             allowed = self.dense_mask(q_len, k_len, causal, q.device)
             if key_padding_mask is not None:
                 allowed = allowed & ~key_padding_mask.bool()[:, None, None, :]

@@ -4,7 +4,8 @@ Two kinds of settings, by what they configure:
 - Fields configure MultiHeadAttention itself and so apply with every variant: the positions it adds to
   queries and keys (`rope`, `rope_base`, `rope_scaling`, `rope_factor`), the position bias it hands to the
   kernel (`position_bias`, and T5's `num_buckets`, `max_distance`, `share_bias`), the shape of its heads
-  (`kv_heads`), and attention `dropout`. Every conf/attention/*.yaml lists all of them.
+  (`kv_heads`), attention `dropout`, and the `backend` that computes the kernel (auto: by device; flex,
+  blockwise, sdpa: forced, zoo/attention/contract.py BACKENDS). Every conf/attention/*.yaml lists all of them.
 - Options configure one kernel (`window` for local, `chunk_size` for local and linear, `feature_map` for
   linear, ...) and live in `options`; each yaml lists its own variant's.
 Options are given flat, as the YAML files and the command line write them: `AttentionConfig(variant="local",
@@ -23,6 +24,7 @@ from typing import Any
 from torch import nn
 
 from zoo.attention.biases import POSITION_BIASES, build_position_bias, check_bucketing
+from zoo.attention.contract import BACKENDS
 from zoo.attention.positions import ROPE_SCALINGS
 from zoo.attention.registry import VARIANTS, build_kernel, kernel_class, variant_options
 from zoo.errors import check_choice, check_positive_int
@@ -41,6 +43,7 @@ class AttentionConfig:
     share_bias: bool = True  # t5: one bias for all layers of a stack (T5) or one per layer
     kv_heads: int | None = None  # key/value heads (grouped-query attention); None: one per query head
     dropout: float = 0.0  # attention-probability dropout in training
+    backend: str = "auto"  # auto | flex | blockwise | sdpa (each variant lists the ones it has)
     options: dict[str, Any] = field(default_factory=dict)  # the kernels' own options
 
     def __init__(
@@ -56,6 +59,7 @@ class AttentionConfig:
         share_bias: bool = True,
         kv_heads: int | None = None,
         dropout: float = 0.0,
+        backend: str = "auto",
         options: dict[str, Any] | None = None,
         **kernel_options: Any,
     ) -> None:
@@ -70,6 +74,7 @@ class AttentionConfig:
         self.share_bias = share_bias
         self.kv_heads = kv_heads
         self.dropout = dropout
+        self.backend = backend
         self.options = {**(options or {}), **kernel_options}
         self._check()
 
@@ -103,6 +108,12 @@ class AttentionConfig:
         if not isinstance(self.share_bias, bool):
             raise ValueError(f"attention.share_bias must be true or false, got {self.share_bias!r}")
         check_positive_int("attention.kv_heads", self.kv_heads, allow_none=True)
+        check_choice("attention.backend", self.backend, BACKENDS)
+        if self.backend == "flex" and (self.position_bias is not None or self.dropout > 0):
+            raise ValueError(
+                "attention.backend='flex' takes no position_bias and no dropout (FlexAttention here has neither), "
+                f"got position_bias={self.position_bias!r}, dropout={self.dropout!r}; use backend=auto or blockwise"
+            )
         known = {name for names in variant_options().values() for name in names}
         unknown = sorted(set(self.options) - known)
         if unknown:
@@ -111,7 +122,7 @@ class AttentionConfig:
                 f"unknown attention option {unknown[0]!r}; options of variant {self.variant!r}: {own}; "
                 f"of all variants: {', '.join(sorted(known))}"
             )
-        self.build_kernel()  # checks the option values
+        self.build_kernel()  # checks the option values and the backend
 
     @property
     def relative_positions(self) -> bool:
@@ -133,7 +144,9 @@ class AttentionConfig:
         """A fresh kernel of this config's variant (or of `variant`, e.g. a cross-attention's, without options)."""
         if variant is not None and variant != self.variant:
             return build_kernel(variant)
-        return build_kernel(self.variant, **self.kernel_options())
+        kernel = build_kernel(self.variant, **self.kernel_options())
+        kernel.use_backend(self.backend)
+        return kernel
 
     def build_position_bias(self, num_heads: int, causal: bool) -> nn.Module | None:
         """A fresh position bias module for `num_heads` heads, or None without position_bias."""
@@ -149,7 +162,7 @@ class AttentionConfig:
                 "rope_scaling": self.rope_scaling, "rope_factor": self.rope_factor,
                 "position_bias": self.position_bias, "num_buckets": self.num_buckets,
                 "max_distance": self.max_distance, "share_bias": self.share_bias, "kv_heads": self.kv_heads,
-                "dropout": self.dropout, **self.options}  # fmt: skip
+                "dropout": self.dropout, "backend": self.backend, **self.options}  # fmt: skip
 
     def replace(self, **changes: Any) -> AttentionConfig:
         return AttentionConfig(**{**self.to_dict(), **changes})

@@ -120,13 +120,38 @@ class HeadLayout:
     head_dim: int
 
 
+# attention.backend: how a kernel computes (auto: chosen by device; flex: torch's FlexAttention, compiled;
+# blockwise: the kernel's own blocks through the fused SDPA kernel; sdpa: one SDPA call under the dense mask).
+BACKENDS = ("auto", "flex", "blockwise", "sdpa")
+
+
 class Kernel(nn.Module):
-    """Base of the kernels in this package: the contract above, option discovery, and `setup`."""
+    """Base of the kernels in this package: the contract above, option discovery, `setup`, and the backend
+    (`use_backend`; a kernel lists in `backends` the ones besides auto that it can be forced to)."""
 
     name: ClassVar[str] = ""
     supports_cross_attention: ClassVar[bool] = False
     supports_causal: ClassVar[bool] = True
     supports_position_bias: ClassVar[bool] = False
+    backends: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backend = "auto"
+        self._flex_masks: dict = {}  # FlexAttention block masks by (pattern, length, device): zoo/attention/flex.py
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_flex_masks": {}}  # a pickled kernel (spawned workers) rebuilds them
+
+    def use_backend(self, backend: str) -> None:
+        """Compute with `backend` (attention.backend): auto or one of `backends`, a one-line error otherwise."""
+        valid = ("auto", *self.backends)
+        if backend not in valid:
+            raise ValueError(
+                f"attention.backend={backend!r} is not available for variant {self.name!r}; its backends: "
+                f"{', '.join(valid)}"
+            )
+        self.backend = backend
 
     def setup(self, layout: TokenLayout) -> None:
         """Learn the model's token layout (kernels that need a maximum length or a grid override this)."""

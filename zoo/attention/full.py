@@ -11,11 +11,14 @@ from zoo.attention.functional import dot_product_attention, evaluate_bias
 
 class FullAttention(Kernel):
     """softmax(q k^T / sqrt(d) + bias) v over all keys: O(n^2) time, fused kernels keep memory O(n) (a position
-    bias is an (H, n, n) float mask). No options."""
+    bias is an (H, n, n) float mask). No options. Backend: sdpa only (auto is sdpa): without padding, weights or
+    bias it is one call with is_causal and no mask, which keeps CUDA on the flash kernel (a mask would drop it
+    to the math path)."""
 
     name = "full"
     supports_cross_attention = True
     supports_position_bias = True
+    backends = ("sdpa",)
 
     def forward(
         self,

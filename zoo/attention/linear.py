@@ -5,10 +5,12 @@ ReLU, or Performer's FAVOR+ random features), attention factorises (eq. 4-6):
 out_i = phi(q_i)^T S / (phi(q_i)^T z + eps),  S = sum_j phi(k_j) v_j^T,  z = sum_j phi(k_j).
 Bidirectional: one pass in O(n F d) (F features per head). Causal: the sums run over j <= i; computed in
 chunks, with a quadratic causal product inside each chunk and the state of all earlier chunks from one
-cumulative sum over per-chunk states (no loop over tokens or chunks). Decoding keeps only [S | z] (eq. 18-20),
+prefix sum over per-chunk states (no loop over tokens). Decoding keeps only [S | z] (eq. 18-20),
 per key/value head (grouped-query attention shares one state among the query heads of a group).
 
-The denominator rides along as an extra column of ones appended to v, so one matmul yields both.
+The denominator phi(q_i)^T z comes from the same chunks as the numerator (row sums of the intra-chunk
+scores, phi(q) . z of earlier chunks): no column of ones is appended to v, which would cost a copy of v
+and a width of D + 1 that matmuls handle worse.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def _features(
     dropout_p: float,
     feature_map: FeatureMap = _elu,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """phi(q), phi(k) with padded keys zeroed (they contribute nothing), and [v | 1].
+    """phi(q), phi(k) with padded keys zeroed (they contribute nothing), and v (dropped out).
 
     Attention dropout: a kept key's value is scaled by 1 / (1 - p), a dropped one zeroed, in the
     numerator only. This is dropout on the implicit normalised weights with one mask per key and head
@@ -65,13 +67,7 @@ def _features(
     if dropout_p > 0.0:
         keep = torch.empty(v.shape[:-1] + (1,), dtype=v.dtype, device=v.device).bernoulli_(1.0 - dropout_p)
         v = v * keep / (1.0 - dropout_p)
-    values = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # (B, H, S, D + 1)
-    return phi_q, phi_k, values
-
-
-def _normalise(out: torch.Tensor) -> torch.Tensor:
-    """[numerator | denominator] (..., D + 1) -> numerator / (denominator + eps)."""
-    return out[..., :-1] / (out[..., -1:] + EPS)
+    return phi_q, phi_k, v
 
 
 def quadratic_linear_attention(
@@ -95,16 +91,50 @@ def quadratic_linear_attention(
         allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
         scores = scores.masked_fill(~allowed, 0.0)
     weights = scores / (scores.sum(dim=-1, keepdim=True) + EPS)
-    return weights @ values[..., :-1], weights
+    return weights @ values, weights
 
 
 def _bidirectional(phi_q: torch.Tensor, phi_k: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """O(n F d): [S | z] = phi(K)^T [V | 1] once per key/value head, then phi(Q) [S | z] for its query heads."""
+    """O(n F d): S = phi(K)^T V and z = sum_j phi(k_j) once per key/value head, then phi(Q) S / phi(Q) z for
+    its query heads."""
     batch, heads, length, features = phi_q.shape
     kv_heads = phi_k.shape[1]
-    state = phi_k.transpose(-2, -1) @ values  # (B, G, F, E)
+    state = phi_k.transpose(-2, -1) @ values  # (B, G, F, D)
+    z = phi_k.sum(dim=2)[..., None]  # (B, G, F, 1)
     grouped = phi_q.reshape(batch, kv_heads, (heads // kv_heads) * length, features)  # query heads of a group
-    return (grouped @ state).view(batch, heads, length, -1)
+    out = (grouped @ state) / (grouped @ z + EPS)
+    return out.view(batch, heads, length, -1)
+
+
+class _ExclusivePrefixSum(torch.autograd.Function):
+    """Sums over all earlier chunks: (N, nc, F) -> (N, nc, F), out_c = x_0 + ... + x_(c-1), by a loop over the
+    chunks that adds (F,)-sized rows in place: on the CPU torch.cumsum along the middle dimension is a
+    strided scalar scan ~3x slower, and its backward flips the gradient twice (profile in
+    experiments/results/recipes.md). The backward is the same sum taken from the other end."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return _exclusive_scan(x, reverse=False)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return _exclusive_scan(grad.contiguous(), reverse=True)
+
+
+def _exclusive_scan(x: torch.Tensor, reverse: bool) -> torch.Tensor:
+    out = torch.empty_like(x)
+    total = torch.zeros_like(x[:, 0])
+    for index in reversed(range(x.shape[1])) if reverse else range(x.shape[1]):
+        out[:, index] = total
+        total += x[:, index]
+    return out
+
+
+def exclusive_prefix_sum(x: torch.Tensor) -> torch.Tensor:
+    """(N, nc, F): the sum of the chunks before each chunk (the loop above on the CPU, cumsum elsewhere)."""
+    if x.device.type == "cpu":
+        return _ExclusivePrefixSum.apply(x)
+    return x.cumsum(dim=1) - x
 
 
 def causal_linear_attention(
@@ -113,11 +143,16 @@ def causal_linear_attention(
     values: torch.Tensor,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     state: torch.Tensor | None = None,
+    *,
+    normalise: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked causal linear attention on features: (B, H, T, D), (B, G, T, D), (B, G, T, E), G dividing H.
 
-    `state` (B, G, D, E) sums the tokens before this call. Returns the unnormalised [numerator |
-    denominator] (B, H, T, E) and the state (B, G, D, E) after the last token.
+    Without `normalise`: `state` (B, G, D, E) sums the tokens before this call; returns the unnormalised
+    numerator (B, H, T, E) and the state (B, G, D, E) after the last token. With `normalise`: the state is
+    [S | z] (B, G, D, E + 1) and the output numerator / (phi(q) . z + eps), the denominator taken from the
+    same chunks (row sums of the intra-chunk scores, phi(q) . z of the earlier chunks) instead of from a
+    column of ones appended to the values (one copy of the values fewer, and E stays matmul-aligned).
     """
     batch, heads, length, dim = phi_q.shape
     kv_heads, width = phi_k.shape[1], values.shape[-1]
@@ -131,25 +166,45 @@ def causal_linear_attention(
     # (B * G * nc, C, .): the chunks as one batch of small matrices.
     k_chunks = phi_k.reshape(-1, chunk, dim)
     v_chunks = values.reshape(-1, chunk, width)
-    # Across chunks: each chunk's phi(K)^T [V | 1] (per key/value head), summed over all earlier chunks.
-    chunk_states = torch.bmm(k_chunks.transpose(1, 2), v_chunks).view(batch, kv_heads, n_chunks, dim, width)
-    sum_dtype = torch.promote_types(chunk_states.dtype, torch.float32)  # long sums in fp32 also for bf16
-    inclusive = chunk_states.cumsum(dim=2, dtype=sum_dtype)
-    exclusive = torch.cat([torch.zeros_like(inclusive[:, :, :1]), inclusive[:, :, :-1]], dim=2)
-    final = inclusive[:, :, -1]
-    if state is not None:
-        exclusive = exclusive + state[:, :, None]
-        final = final + state
+    sum_dtype = torch.promote_types(phi_q.dtype, torch.float32)  # long sums in fp32 also for bf16
+    # Across chunks: each chunk's phi(K)^T V (per key/value head), summed over all earlier chunks.
+    chunk_states = torch.bmm(k_chunks.transpose(1, 2), v_chunks).view(batch * kv_heads, n_chunks, dim * width)
+    chunk_states = chunk_states.to(sum_dtype)
+    exclusive = exclusive_prefix_sum(chunk_states)
+    final = (exclusive[:, -1] + chunk_states[:, -1]).view(batch, kv_heads, dim, width)
+    exclusive = exclusive.view(batch, kv_heads, n_chunks, dim, width)
+    prior = None if state is None else (state[..., :width] if normalise else state)
+    if prior is not None:
+        exclusive = exclusive + prior[:, :, None]
+        final = final + prior
     exclusive = exclusive.to(phi_q.dtype)
+    if normalise:  # the same sums for z = sum_j phi(k_j): (B, G, nc, D), a vector per chunk
+        chunk_z = phi_k.reshape(batch * kv_heads, n_chunks, chunk, dim).sum(dim=2, dtype=sum_dtype)
+        exclusive_z = exclusive_prefix_sum(chunk_z)
+        final_z = (exclusive_z[:, -1] + chunk_z[:, -1]).view(batch, kv_heads, dim)
+        exclusive_z = exclusive_z.view(batch, kv_heads, n_chunks, dim)
+        if state is not None:
+            exclusive_z = exclusive_z + state[:, :, None, :, width]
+            final_z = final_z + state[..., width]
+        final = torch.cat([final, final_z[..., None]], dim=-1)
+        exclusive_z = exclusive_z.to(phi_q.dtype)
     if groups > 1:  # every query head of a group reads its key/value head's states and chunks
         exclusive = exclusive[:, :, None].expand(batch, kv_heads, groups, n_chunks, dim, width)
         k_chunks = repeat_kv(phi_k, groups).reshape(-1, chunk, dim)
         v_chunks = repeat_kv(values, groups).reshape(-1, chunk, width)
+        if normalise:
+            exclusive_z = exclusive_z[:, :, None].expand(batch, kv_heads, groups, n_chunks, dim)
     exclusive = exclusive.reshape(-1, dim, width)
     q_chunks = phi_q.reshape(-1, chunk, dim)  # (B * H * nc, C, D)
     # Inside a chunk: the quadratic form with a causal mask, (C, C) per chunk.
     scores = torch.bmm(q_chunks, k_chunks.transpose(1, 2)).tril_()
     out = torch.bmm(scores, v_chunks).baddbmm_(q_chunks, exclusive)  # intra + inter, (B * H * nc, C, E)
+    if normalise:
+        # (B * H * nc, C, 1): intra-chunk row sums plus phi(q) . z of the earlier chunks.
+        denominator = torch.baddbmm(scores.sum(dim=-1, keepdim=True), q_chunks, exclusive_z.reshape(-1, dim, 1))
+        denominator = denominator.add_(EPS)
+        # In place where no graph needs the numerator (inference): one (n, E) allocation fewer.
+        out = out.div_(denominator) if not torch.is_grad_enabled() else out / denominator
     return out.reshape(batch, heads, padded, width)[:, :, :length], final
 
 
@@ -238,10 +293,11 @@ class LinearAttention(Kernel):
             )
         phi_q, phi_k, values = _features(q, k, v, key_padding_mask, dropout_p, self._phi)
         if causal:
-            out, _ = causal_linear_attention(phi_q, phi_k, values, self.chunk_size or DEFAULT_CHUNK_SIZE)
+            chunk = self.chunk_size or DEFAULT_CHUNK_SIZE
+            out, _ = causal_linear_attention(phi_q, phi_k, values, chunk, normalise=True)
         else:
             out = _bidirectional(phi_q, phi_k, values)
-        return _normalise(out), None
+        return out, None
 
     def new_cache(self) -> LinearAttentionState:
         return LinearAttentionState()
@@ -263,6 +319,6 @@ class LinearAttention(Kernel):
             raise ValueError("need_weights is not available when decoding with variant 'linear' (no keys are kept)")
         phi_q, phi_k, values = _features(q, k, v, new_tokens_padding(key_padding_mask, k.shape[2]), 0.0, self._phi)
         chunk = self.chunk_size or DEFAULT_CHUNK_SIZE
-        out, cache.state = causal_linear_attention(phi_q, phi_k, values, chunk, cache.state)
+        out, cache.state = causal_linear_attention(phi_q, phi_k, values, chunk, cache.state, normalise=True)
         cache.offset += k.shape[2]
-        return _normalise(out), None
+        return out, None

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from zoo.attention.blockwise import blocked_windows
 from zoo.attention.cache import RollingKVCache, new_tokens_padding
 from zoo.attention.contract import Kernel, ScoreBias
+from zoo.attention.flex import auto_uses_flex, check_flex_inputs, flex_pattern_attention
 from zoo.attention.functional import additive_mask, dot_product_attention, evaluate_bias, masked_attention
 from zoo.errors import check_positive_int
 
@@ -26,15 +27,20 @@ from zoo.errors import check_positive_int
 DEFAULT_BLOCK_SIZE = 64
 
 
+def band(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
+    """The sliding window as a pattern: True where the query may attend to the key (broadcasting positions)."""
+    distance = query_positions - key_positions
+    if causal:
+        return (distance >= 0) & (distance < window)
+    return distance.abs() <= window // 2
+
+
 def sliding_window_mask(
     q_len: int, k_len: int, window: int, causal: bool, device: torch.device | None = None
 ) -> torch.Tensor:
     """(q_len, k_len) bool band, True = may attend; the queries sit at the last q_len key positions."""
     rows = torch.arange(k_len - q_len, k_len, device=device)[:, None]
-    distance = rows - torch.arange(k_len, device=device)[None, :]  # query position - key position
-    if causal:
-        return (distance >= 0) & (distance < window)
-    return distance.abs() <= window // 2
+    return band(rows, torch.arange(k_len, device=device)[None, :], window, causal)
 
 
 def _band_extent(window: int, causal: bool, length: int) -> tuple[int, int]:
@@ -157,11 +163,13 @@ def sliding_window_attention(
     block_size: int = DEFAULT_BLOCK_SIZE,
     bias: ScoreBias | None = None,
     start: int = 0,
+    dense: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q (B, H, T, D), k/v (B, G, S, D), T <= S with the queries at the last T positions; key j sits at
     position start + j (for the bias: decoding passes the position of its oldest kept key).
 
-    need_weights materialises the (T, S) banded probabilities: for inspecting small inputs only.
+    need_weights (and `dense`: backend sdpa) computes under the (T, S) band mask in one call: O(T S)
+    memory, for small inputs.
     """
     q_len, k_len = q.shape[2], k.shape[2]
     covers_all = window >= k_len if causal else window // 2 >= k_len - 1
@@ -173,11 +181,13 @@ def sliding_window_attention(
             q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
             need_weights=need_weights, bias=scores_bias,
         )  # fmt: skip
-    if need_weights:
+    if need_weights or dense:
+        if bias is not None and scores_bias is None:
+            scores_bias = evaluate_bias(bias, q_len, k_len, q.device, start)
         allowed = sliding_window_mask(q_len, k_len, window, causal, q.device)
         if key_padding_mask is not None:
             allowed = allowed & ~key_padding_mask.bool()[:, None, None, :]
-        return masked_attention(q, k, v, allowed, dropout_p, need_weights=True, bias=scores_bias)
+        return masked_attention(q, k, v, allowed, dropout_p, need_weights=need_weights, bias=scores_bias)
     if q_len < k_len:  # decoding a chunk after cached keys: give those keys dummy queries
         q = F.pad(q, (0, 0, k_len - q_len, 0))
     out = _blockwise_sliding_window(q, k, v, window, causal, key_padding_mask, dropout_p, block_size, bias, start)
@@ -188,12 +198,14 @@ class LocalAttention(Kernel):
     """Sliding-window attention with a rolling cache of `window` keys for decoding.
 
     Options: `window` (keys per query), `chunk_size` (query block length of the blockwise kernel; None:
-    the measured default, 64).
+    the measured default, 64). Backends (attention.backend): blockwise (the CPU's auto), flex (CUDA's
+    auto; zoo/attention/flex.py), sdpa (one SDPA call under the dense band mask).
     """
 
     name = "local"
     supports_cross_attention = False
     supports_position_bias = True
+    backends = ("blockwise", "flex", "sdpa")
 
     def __init__(self, *, window: int = 256, chunk_size: int | None = None) -> None:
         super().__init__()
@@ -219,9 +231,17 @@ class LocalAttention(Kernel):
             raise ValueError(
                 f"local attention needs as many queries as keys (self-attention), got {q.shape[2]} and {k.shape[2]}"
             )
+        backend = self.backend
+        if backend == "auto":
+            backend = "flex" if auto_uses_flex(q, dropout_p, bias) else "blockwise"
+        if backend == "flex" and not need_weights:
+            check_flex_inputs(dropout_p, bias)
+            pattern = functools.partial(band, window=self.window, causal=causal)
+            out = flex_pattern_attention(q, k, v, pattern, self._flex_masks, (causal,), key_padding_mask)
+            return out, None
         return sliding_window_attention(
-            q, k, v, self.window, causal=causal, key_padding_mask=key_padding_mask,
-            dropout_p=dropout_p, need_weights=need_weights, block_size=self.block_size, bias=bias,
+            q, k, v, self.window, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
+            need_weights=need_weights, block_size=self.block_size, bias=bias, dense=backend == "sdpa",
         )  # fmt: skip
 
     def new_cache(self) -> RollingKVCache:
