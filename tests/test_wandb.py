@@ -242,3 +242,52 @@ def test_offline_run_of_a_text_model_logs_its_sample_tables_and_alignment_images
         assert list((media / "images").glob(f"{key}_*.png"))
         stage = key.split("/")[0]
         assert list((run_dir / "alignments").glob(f"{stage}_epoch*.png"))  # the PNGs in the run directory stay
+
+
+class Experiment:
+    """What `define_wandb_metrics` calls on a W&B run: define_metric(name, step_metric=..., summary=...)."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, dict[str, Any]] = {}
+
+    def define_metric(self, name: str, **settings: Any) -> None:
+        self.metrics[name] = settings
+
+
+@pytest.mark.parametrize(
+    ("overrides", "axis", "summary"),
+    [
+        (["model=vit"], "epoch", "max"),  # validates once an epoch; val/acc: higher is better
+        (["model=vit", "trainer.val_check_interval=1.0"], "epoch", "max"),  # the whole epoch: still once
+        (["model=vit", "trainer.val_check_interval=0.5"], "trainer/global_step", "max"),  # twice an epoch
+        (["model=gpt"], "trainer/global_step", "min"),  # step-based: val/loss every 200 steps
+    ],
+)
+def test_metrics_get_their_step_axis_and_the_best_value_as_summary(
+    overrides: list[str], axis: str, summary: str, tmp_path: Path
+) -> None:
+    from zoo.training.loggers import define_wandb_metrics
+
+    cfg = compose_config([*overrides, "logger=wandb"], tmp_path)
+    experiment = Experiment()
+    define_wandb_metrics(experiment, cfg)
+    metrics = experiment.metrics
+    assert metrics["val/*"] == {"step_metric": axis} and metrics["test/*"] == {"step_metric": axis}
+    assert metrics["train/*"] == {"step_metric": "trainer/global_step"}
+    assert metrics[cfg.model_metric.name] == {"step_metric": axis, "summary": summary}
+
+
+def test_logger_settings_reach_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {**NO_KEY, "WANDB_API_KEY": "k" * 40}.items():
+        monkeypatch.setenv(name, value)
+    online = wandb_logger(save_dir=str(tmp_path), project="p", entity="team", job_type="generate")
+    assert online._offline is False  # a key: online unless told otherwise
+    assert (online._wandb_init["project"], online._wandb_init["entity"]) == ("p", "team")
+    assert online._wandb_init["job_type"] == "generate"
+    assert wandb_logger(save_dir=str(tmp_path), offline=True)._offline is True  # offline=true wins over the key
+    monkeypatch.setenv("WANDB_API_KEY", "")
+    assert wandb_logger(save_dir=str(tmp_path), offline=False)._offline is False  # offline=false wins too
+    every = wandb_logger(save_dir=str(tmp_path), log_model="all", offline=True)
+    assert every.checkpoint_artifacts is True  # offline, "all" falls back to the best and last checkpoints
+    default = wandb_logger(save_dir=str(tmp_path))
+    assert default._log_model is False and default.checkpoint_artifacts is False  # log_model=false: no artifacts

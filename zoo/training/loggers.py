@@ -413,7 +413,9 @@ def define_wandb_metrics(experiment: Any, cfg: DictConfig) -> None:
     the monitored metric's best value (min or max by model_metric.mode) as its summary, not the last one."""
     step = "trainer/global_step"
     trainer = cfg.get("trainer") or {}
-    per_epoch = trainer.get("val_check_interval") is None and (trainer.get("max_epochs") or 0) > 0
+    interval = trainer.get("val_check_interval")
+    once_an_epoch = interval is None or (isinstance(interval, float) and interval == 1.0)  # 1.0: the whole epoch
+    per_epoch = once_an_epoch and (trainer.get("max_epochs") or 0) > 0
     evaluation = "epoch" if per_epoch else step
     experiment.define_metric(step)
     experiment.define_metric("epoch", step_metric=step)
