@@ -158,12 +158,15 @@ def test_each_pruner_config_builds_its_optuna_pruner(pruner: str, tmp_path: Path
 
 @pytest.mark.slow
 def test_grid_sweep_in_parallel_records_a_failing_job_and_prints_the_summary(tmp_outputs: Path) -> None:
-    # num_heads=3 does not divide dim=16: that job fails, the other one finishes, the sweep exits 0.
+    # num_heads=3 does not divide dim=16: that job fails, the other one finishes, the sweep exits 1.
     result = run_cli(
         ["-m", "model=vit", "model.net.dim=16", "model.net.depth=1", "model.net.num_heads=2,3",
          "hydra/launcher=joblib", f"paths.log_dir={tmp_outputs}", *TINY_VIT]
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 1 of 2 jobs of the sweep failed (the others finished: "), last
+    assert "summary.csv); job 1: " in last and "divisible by num_heads" in last
     (sweep_dir,) = (tmp_outputs / "vit" / "multirun").iterdir()
     assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0", "1"]
     rows = read_summary(sweep_dir)

@@ -8,7 +8,8 @@
   and, at the end, prints one table (job, overrides, optimized metric) and saves it as `summary.csv`
   in the sweep directory, with the plots and, with logger=wandb, a W&B summary run (zoo/app/sweep_report.py).
   It reads the job files, so it works with every launcher (basic, joblib, SLURM). A sweep whose jobs all
-  failed ends with the first job's error as one line and exit status 2.
+  failed ends with the first job's error as one line and exit status 2; a grid with some failed jobs finishes
+  the others, then ends the same way with exit status 1.
 - `SweepJobs` (also a Hydra callback) lets `${hydra:...}` resolve in the sweep directory's name, and a
   sweep job train with DDP: Lightning restarts the script for ranks > 0 with the original command line,
   which for a sweep is the whole sweep again. It also refuses the SLURM launcher where there is no SLURM.
@@ -36,6 +37,8 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from zoo.app.reporting import EXIT_BAD_INPUT, user_error_message
 from zoo.app.sweep_report import log_sweep_to_wandb, save_sweep_plots, sweep_study
 from zoo.errors import one_line
+
+EXIT_PARTLY_FAILED = 1  # a grid finished, but some of its jobs failed
 
 log = logging.getLogger("zoo")
 
@@ -135,9 +138,24 @@ class SweepSummary(Callback):
         plots = save_sweep_plots(sweep_study(config, records, varying_overrides(records), mode), sweep_dir)
         if "wandb" in (config.get("logger") or {}):
             log_sweep_to_wandb(config, records, plots, best_job(records, mode))
-        if all(record["status"] == "failed" for record in records):
+        failed = [record for record in records if record["status"] == "failed"]
+        if len(failed) == len(records):
             first = records[0]
             stop_sweep(f"all {len(records)} jobs of the sweep failed; job {first['job']}: {first['error']}")
+        if failed and not searches(config):  # a search samples on past failures; a grid asked for every job
+            first = failed[0]
+            stop_sweep(
+                f"{len(failed)} of {len(records)} jobs of the sweep failed (the others finished: "
+                f"{sweep_dir / SUMMARY_FILE}); job {first['job']}: {first['error']}",
+                status=EXIT_PARTLY_FAILED,
+            )
+
+
+def searches(config: DictConfig) -> bool:
+    """Whether the sweeper is a search (Optuna, a W&B sweep), whose failed trials are part of searching, rather
+    than a grid, which was asked for every one of its jobs."""
+    target = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
+    return "optuna" in target.lower() or "wandb" in target.lower()
 
 
 def varying_overrides(records: list[dict[str, Any]]) -> list[list[str]]:
@@ -294,8 +312,8 @@ def check_launcher(config: DictConfig) -> None:
         )
 
 
-def stop_sweep(message: str) -> NoReturn:
-    """End the sweep with `error: <message>` and exit status 2. An exception would not do: Hydra turns a
-    callback's exceptions into warnings."""
+def stop_sweep(message: str, status: int = EXIT_BAD_INPUT) -> NoReturn:
+    """End the sweep with `error: <message>` and exit status 2 (or `status`). An exception would not do:
+    Hydra turns a callback's exceptions into warnings."""
     print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(EXIT_BAD_INPUT)
+    raise SystemExit(status)
