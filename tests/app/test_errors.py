@@ -19,6 +19,7 @@ import torch
 
 from tests.helpers import ROOT
 from tests.helpers import run_in_process as run_cli
+from zoo.data.tokenizers import train_tokenizer
 
 QUIET = ["print_config=false", "logger=csv", "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 TINY_VIT = ["model=vit", "model.net.dim=16", "model.net.depth=1", "model.net.num_heads=2", "model.net.mlp_dim=32"]
@@ -28,6 +29,9 @@ TINY_GPT = [
 ]  # fmt: skip
 TINY_TRANSLATION = ["model=translation", "model.net.dim=16", "model.net.num_heads=2", "model.net.mlp_dim=32"]
 ONE_STEP = ["trainer.max_epochs=1", "+trainer.limit_train_batches=1", "trainer.limit_val_batches=1"]
+CORPUS = "To be, or not to be, that is the question.\n" * 40  # the GPT run's corpus
+OTHER_CORPUS = "0123456789 +-*/=<>\n" * 80  # another alphabet, of another size
+CORPUS_VOCAB, OTHER_VOCAB = (train_tokenizer("char", [text]).get_vocab_size() for text in (CORPUS, OTHER_CORPUS))
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -42,9 +46,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("errors")
     files = root / "files"
     files.mkdir()
-    corpus = "To be, or not to be, that is the question.\n" * 40
-    (files / "corpus.txt").write_text(corpus)
-    (files / "other_corpus.txt").write_text("0123456789 +-*/=<>\n" * 80)  # another alphabet
+    (files / "corpus.txt").write_text(CORPUS)
+    (files / "other_corpus.txt").write_text(OTHER_CORPUS)
     (files / "empty.txt").write_text("")
     (files / "latin1.txt").write_bytes("caf\u00e9 cr\u00e8me br\u00fbl\u00e9e\n".encode("latin-1") * 50)
     (files / "train.de").write_text("ein Haus\nzwei Katzen\ndrei Hunde\n")
@@ -133,7 +136,8 @@ CASES = [
      ["does not fit", "16", "64", "overrides it was trained with"]),
     ("tokenizer / checkpoint vocabulary mismatch",
      [*TINY_GPT, "data=text", "data.path={files}/other_corpus.txt", "train=false", "ckpt_path={gpt}"],
-     ["tokenizer", "data"]),
+     [f"the checkpoint was trained with a char ({CORPUS_VOCAB} tokens) tokenizer, the data has a char "
+      f"({OTHER_VOCAB} tokens) one"]),
     ("block size exceeded at generation", ["model=gpt", "mode=generate", "ckpt_path={gpt}", f"prompt={'tobe' * 10}"],
      ["40 tokens", "block_size=16"]),
     ("ckpt_path=last without a checkpoint", ["ckpt_path=last"], ["last.ckpt", "auto_resume"]),

@@ -45,6 +45,11 @@ def test_a_killed_worker_is_one_line_naming_the_sample_it_was_loading() -> None:
     assert "data-loader worker 1 (pid " in line and "while loading train sample 7 (digits.npz#7)" in line, line
     assert "killed" in line or "exited unexpectedly" in line
     assert lost_worker(RuntimeError("something else")) is None
+    # A loader whose dataset does not record what it loads (in-memory tokens): the worker, without a sample.
+    unnamed = lost_worker(RuntimeError("DataLoader worker (pid(s) 999999) exited unexpectedly"))
+    assert unnamed == "a data-loader worker (pid 999999) exited unexpectedly " + (
+        "(killed for memory? try fewer data.num_workers or a smaller data.batch_size)"
+    )
 
 
 @pytest.mark.slow

@@ -56,15 +56,41 @@ def test_rank_zero_killed_mid_epoch_the_survivor_stops_and_auto_resume_matches(d
 
 
 @pytest.mark.slow
+def test_rank_one_killed_mid_epoch_ends_rank_zero_within_seconds_and_auto_resume_matches(ddp_reference, tmp_path):
+    # Rank 1 is rank 0's child: rank 0 sees the closed connection and prints the line, unless Lightning's watchdog
+    # of its children (it polls every 5 s) kills it first, with a line of its own. Either way nothing hangs.
+    killed = fault("KillAtStep", tmp_path / "fired", step=7, rank=1)
+    code, out, err, _ = run([*DDP, f"paths.log_dir={tmp_path}", *killed], timeout=300)
+    after_the_kill = time.time() - (tmp_path / "fired").stat().st_mtime
+    run_dir = only_run_dir(tmp_path)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    ours = [line for line in err.splitlines() if line.startswith("error: ")]
+    if code == 3:
+        assert len(ours) == 1 and "another process of this 2-process run died or stopped answering" in ours[0], err
+        assert f"the last good checkpoint is kept: {last} (step 5)" in ours[0]
+    else:
+        assert code == -9 and not ours and "terminated with code -9" in out + err, (code, err[-3000:])
+    assert "Traceback" not in err, err[-3000:]
+    assert after_the_kill < 60, after_the_kill
+    assert read_checkpoint(last)["global_step"] == 5
+
+    code, _, err, _ = run([f"auto_resume={run_dir}"], timeout=300)
+    assert code == 0, err[-3000:]
+    assert_same_metrics(metrics_of(run_dir), ddp_reference)
+
+
+@pytest.mark.slow
 def test_a_hung_rank_ends_the_run_after_the_configured_timeout(tmp_path) -> None:
     # Rank 1 stops (SIGSTOP) without closing its connections: only the collective timeout can end rank 0's wait.
-    # The timeout also bounds the start-up rendezvous, so it must cover starting rank 1 on a loaded machine.
+    # The timeout also bounds the start-up rendezvous, so it must cover starting rank 1 on a loaded machine
+    # (30 s did not, at a load of 10 on 2 cores).
     hung = fault("KillAtStep", tmp_path / "fired", step=7, rank=1, signum="SIGSTOP")
-    code, _, err, _ = run([*DDP, "trainer.strategy.timeout.seconds=30", f"paths.log_dir={tmp_path}", *hung])
+    code, _, err, _ = run([*DDP, "trainer.strategy.timeout.seconds=60", f"paths.log_dir={tmp_path}", *hung])
+    assert (tmp_path / "fired").exists(), f"the run ended before rank 1 was stopped ({code}): {err[-3000:]}"
     after_the_stop = time.time() - (tmp_path / "fired").stat().st_mtime
     assert code == 3, err[-3000:]  # and run() returned: the stopped rank was killed by rank 0, which started it
     line = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(line) == 1 and "(rank 0 saw: Timed out)" in line[0], err[-3000:]
     last = only_run_dir(tmp_path) / "checkpoints" / "last.ckpt"
     assert f"the last good checkpoint is kept: {last} (step 5)" in line[0]
-    assert 30 <= after_the_stop < 150, after_the_stop  # the configured 30 s, not torch's default 30 minutes
+    assert 60 <= after_the_stop < 180, after_the_stop  # the configured 60 s, not torch's default 30 minutes

@@ -13,15 +13,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import lightning  # noqa: F401  (imported before any test captures stderr: Lightning's log handler keeps its stream)
 import pytest
 import torch
 
+import zoo.app.main
 import zoo.training.checkpoints
 from tests.faults.conftest import TINY_VIT, assert_same_metrics, error_lines, fault, metrics_of, only_run_dir, run
+from tests.helpers import run_in_process
 from zoo.errors import MachineFault, storage_failure, storage_message
 from zoo.training.checkpoints import AtomicCheckpointIO
 from zoo.weights import read_checkpoint
@@ -122,6 +126,27 @@ def test_a_run_on_a_full_disk_stops_with_one_line_and_resumes_exactly_once_space
     code, _, err, _ = run([f"auto_resume={run_dir}"])
     assert code == 0, err[-3000:]
     assert_same_metrics(metrics_of(run_dir), reference)
+
+
+@pytest.mark.slow
+def test_a_full_disk_met_outside_the_checkpoint_writer_names_the_last_good_checkpoint_too(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    def full_disk(cfg, metrics) -> None:  # the disk fills up after training, as metrics.json is written
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(Path(cfg.paths.output_dir) / "metrics.json"))
+
+    monkeypatch.setattr(zoo.app.main, "report", full_disk)
+    run_dir = tmp_path / "vit" / "run"
+    code, out, err = run_in_process(
+        [*TINY_VIT, "trainer.max_epochs=1", "logger=csv", f"hydra.run.dir={run_dir}"], capsys
+    )
+    assert code == 3 and len(error_lines(err)) == 1 and "Traceback" not in err, err[-3000:]
+    line = error_lines(err)[0]
+    assert f"error: cannot write {run_dir / 'metrics.json'}: no space left on device (" in line, line
+    assert re.search(
+        rf"; the last good checkpoint is kept: {re.escape(str(run_dir))}/checkpoints/\S+ \(step 5\);", line
+    )
+    assert line.endswith(f"; once fixed, resume with: python run.py auto_resume={run_dir}"), line
 
 
 def test_storage_failures_are_found_behind_the_errors_that_carry_them(tmp_path: Path) -> None:

@@ -100,6 +100,7 @@ def test_banners_that_say_nothing_are_dropped_and_real_warnings_kept(reference_r
     printed = reference_run["out"] + reference_run["err"]
     assert "litlogger" not in printed and "TPU available" not in printed and "GPU available: False" not in printed
     assert "smaller than the logging interval" in reference_run["err"]  # a real warning still shows
+    assert printed.count("`Trainer.fit` stopped: `max_epochs=4` reached.") == 1  # not again by Lightning's handler
     drop = DropBanners()
     record = lambda text: logging.LogRecord("lightning", logging.INFO, "", 0, text, None, None)
     assert not drop.filter(record("💡 Tip: For seamless cloud logging ... try installing [litlogger](...)"))

@@ -15,11 +15,12 @@ from omegaconf import DictConfig, open_dict
 
 from zoo.app.cli import discard_unstarted_run
 from zoo.app.modes import MODES, suggest_prediction
-from zoo.app.pipeline import prepare_checkpoint, print_config_tree
-from zoo.app.reporting import EXIT_FAULT, exit_status, full_error_requested, user_error_message
+from zoo.app.pipeline import checkpoint_dir, prepare_checkpoint, print_config_tree
+from zoo.app.reporting import EXIT_FAULT, exit_status, full_error_requested, unwrap, user_error_message
 from zoo.app.secrets import scrub_saved_config
 from zoo.app.sweep import trial_failed, trial_objective
-from zoo.errors import check_choice
+from zoo.errors import MachineFault, check_choice
+from zoo.training.checkpoints import last_good_checkpoint_note
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -87,6 +88,8 @@ def main(cfg: DictConfig) -> float | None:
         output_dir = cfg.get("paths", {}).get("output_dir")
         status = exit_status(error)
         if status == EXIT_FAULT and output_dir and cfg.get("mode", "train") == "train" and cfg.get("train", True):
+            if not isinstance(unwrap(error), MachineFault):  # a write outside the checkpoint writer (metrics.json)
+                message += f"; {last_good_checkpoint_note(checkpoint_dir(cfg))}"
             message += f"; once fixed, resume with: python run.py auto_resume={output_dir}"
         discard_unstarted_run(output_dir)  # a run refused before it started leaves no folder behind
         print(f"error: {message}", file=sys.stderr)

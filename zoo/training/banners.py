@@ -3,7 +3,9 @@
 Dropped: the "💡 Tip: ... try installing litlogger" advertisement, and the accelerator census when it only says
 that a device is absent and unused ("GPU available: False, used: False", "TPU available: False, ..."). A
 GPU that is there but unused is still reported (Lightning warns about it), and nothing sent through the
-warnings module is touched.
+warnings module is touched. And each of Lightning's lines is printed once: Lightning gives its logger a console
+handler of its own ("INFO: ..." on stderr) that also passes every line on to the root logger, where Hydra's
+console and run.log handlers print it again; once the root logger has handlers, Lightning's own steps aside.
 """
 
 from __future__ import annotations
@@ -30,9 +32,24 @@ class DropBanners(logging.Filter):
         return self.pattern.search(record.getMessage()) is None
 
 
+class LeftToTheRoot(logging.Filter):
+    """On a console handler of a logger that passes its lines on to the root: drops them while the root logger
+    has handlers of its own (Hydra's console and run.log), which print them anyway."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not logging.getLogger().handlers
+
+
 def silence_banners() -> None:
-    """Install the filter on Lightning's loggers (once: adding it again is a no-op)."""
+    """Install the filters on Lightning's loggers and handlers (once: installing them again is a no-op)."""
     for name in LIGHTNING_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, DropBanners) for f in logger.filters):
             logger.addFilter(DropBanners())
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in logger.handlers if logger.propagate else ():
+            if isinstance(handler, logging.StreamHandler) and not any(
+                isinstance(f, LeftToTheRoot) for f in handler.filters
+            ):
+                handler.addFilter(LeftToTheRoot())
