@@ -116,7 +116,7 @@ def test_generate_text_takes_prompts_past_block_size_when_positions_extrapolate(
 
 
 def test_zoo_load_rejects_other_files(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match="missing.ckpt.* is not a file"):
+    with pytest.raises(CheckpointError, match="missing.ckpt' does not exist; valid: a checkpoint"):
         zoo.load(tmp_path / "missing.ckpt")
     (tmp_path / "garbage.ckpt").write_text("not a checkpoint")
     with pytest.raises(CheckpointError, match="garbage.ckpt.* is truncated or corrupt"):
