@@ -54,6 +54,9 @@ from experiments.reproduce import IDX_FILES, fmt, machine, table  # noqa: E402
 
 CONF = ROOT / "conf"
 ANTICIPATED = {"kv_heads": 1}  # options without named choices worth a row of their own: the value to try
+# Settings that choose how attention is computed, not what: the same numbers by definition (the attention
+# benchmark compares them), so no row of their own.
+IMPLEMENTATION = {"backend"}
 # Settings an option changes nothing without, set along with it: RoPE scaled by rope_factor 1 is plain RoPE
 # (linear, ntk); 4 is the factor of the 4x-the-block column.
 COMPANIONS = {"rope_scaling": {"rope_factor": 4.0}}
@@ -152,7 +155,9 @@ def discover_rows() -> tuple[list[Row], list[str]]:
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     parameters = inspect.signature(AttentionConfig.__init__).parameters.values()
     shared = [p for p in parameters if p.kind in named and p.name not in ("self", "variant", "options")]
-    for parameter in shared:
+    for name in sorted(IMPLEMENTATION & {p.name for p in shared}):
+        notes.append(f"{name} (AttentionConfig.{name}): an implementation choice, same results; no row")
+    for parameter in (p for p in shared if p.name not in IMPLEMENTATION):
         if parameter.default is False:
             add_on_first_base(parameter.name, True, parameter.name, f"AttentionConfig.{parameter.name}")
         elif parameter.default is None or isinstance(parameter.default, str):
@@ -164,6 +169,8 @@ def discover_rows() -> tuple[list[Row], list[str]]:
         overrides, attention, _ = base(variant)
         options = inspect.signature(kernel.__init__).parameters
         for name in kernel.option_names():
+            if name in IMPLEMENTATION:
+                continue
             default = options[name].default
             if default is not None and not isinstance(default, str):
                 continue
