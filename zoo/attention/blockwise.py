@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from zoo.attention.cache import KVCache, new_tokens_padding
 from zoo.attention.contract import Kernel, ScoreBias, TokenLayout
-from zoo.attention.flex import auto_uses_flex, check_flex_inputs, flex_pattern_attention
+from zoo.attention.flex import flex_pattern_attention, resolve_backend
 from zoo.attention.functional import masked_attention, repeat_kv, softmax_attention
 
 PARTS_CACHE_SIZE = 8  # lengths whose parts (and masks) a kernel keeps
@@ -405,16 +405,8 @@ class PatternKernel(Kernel):
         need_weights: bool = False,
         bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if q.shape[2] != k.shape[2]:
-            raise ValueError(
-                f"{self.name} attention needs as many queries as keys (self-attention), got {q.shape[2]} and "
-                f"{k.shape[2]}"
-            )
-        backend = self.backend
-        if backend == "auto":
-            backend = "flex" if auto_uses_flex(q, dropout_p, bias) else "blockwise"
-        if backend == "flex" and not need_weights:
-            check_flex_inputs(dropout_p, bias)
+        backend = resolve_backend(self.name, self.backend, q, k, dropout_p, bias, need_weights)
+        if backend == "flex":
             pattern = functools.partial(self.allowed, causal=causal)
             return flex_pattern_attention(q, k, v, pattern, self._flex_masks, (causal,), key_padding_mask), None
         return self._attend(q, k, v, causal, key_padding_mask, dropout_p, need_weights, bias, backend == "sdpa")

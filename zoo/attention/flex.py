@@ -46,6 +46,25 @@ def check_flex_inputs(dropout_p: float, bias: object | None) -> None:
         )
 
 
+def resolve_backend(
+    kernel_name: str, backend: str, q: torch.Tensor, k: torch.Tensor, dropout_p: float, bias, need_weights: bool
+) -> str:
+    """The backend a self-attention-only pattern kernel (local, sparse, axial) runs for this call: `auto`
+    resolved by device, flex checked for what it cannot take; need_weights always takes the dense formula's
+    path (flex gives no probabilities)."""
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"{kernel_name} attention needs as many queries as keys (self-attention), got {q.shape[2]} and {k.shape[2]}"
+        )
+    if backend == "auto":
+        backend = "flex" if auto_uses_flex(q, dropout_p, bias) else "blockwise"
+    if backend == "flex":
+        if need_weights:
+            return "blockwise"
+        check_flex_inputs(dropout_p, bias)
+    return backend
+
+
 @functools.cache
 def compiled_flex_attention() -> Callable[..., torch.Tensor]:
     """flex_attention compiled once per process; uncompiled it materialises the (n, n) scores."""

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from zoo.attention.blockwise import blocked_windows
 from zoo.attention.cache import RollingKVCache, new_tokens_padding
 from zoo.attention.contract import Kernel, ScoreBias
-from zoo.attention.flex import auto_uses_flex, check_flex_inputs, flex_pattern_attention
+from zoo.attention.flex import flex_pattern_attention, resolve_backend
 from zoo.attention.functional import additive_mask, dot_product_attention, evaluate_bias, masked_attention
 from zoo.errors import check_positive_int
 
@@ -227,15 +227,8 @@ class LocalAttention(Kernel):
         need_weights: bool = False,
         bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if q.shape[2] != k.shape[2]:
-            raise ValueError(
-                f"local attention needs as many queries as keys (self-attention), got {q.shape[2]} and {k.shape[2]}"
-            )
-        backend = self.backend
-        if backend == "auto":
-            backend = "flex" if auto_uses_flex(q, dropout_p, bias) else "blockwise"
-        if backend == "flex" and not need_weights:
-            check_flex_inputs(dropout_p, bias)
+        backend = resolve_backend(self.name, self.backend, q, k, dropout_p, bias, need_weights)
+        if backend == "flex":
             pattern = functools.partial(band, window=self.window, causal=causal)
             out = flex_pattern_attention(q, k, v, pattern, self._flex_masks, (causal,), key_padding_mask)
             return out, None
