@@ -57,6 +57,7 @@ ANTICIPATED = {"kv_heads": 1}  # options without named choices worth a row of th
 # Settings that choose how attention is computed, not what: the same numbers by definition (the attention
 # benchmark compares them), so no row of their own.
 IMPLEMENTATION = {"backend"}
+STOPPED_BY_SIGNAL = {130: "Ctrl-C", 138: "SIGUSR1", 143: "SIGTERM"}  # run.py's exit statuses (README)
 # Settings an option changes nothing without, set along with it: RoPE scaled by rope_factor 1 is plain RoPE
 # (linear, ntk); 4 is the factor of the 4x-the-block column.
 COMPANIONS = {"rope_scaling": {"rope_factor": 4.0}}
@@ -287,6 +288,9 @@ def run_in_process(arguments: list[str], log: Path) -> int:
             code = 1
         finally:
             sys.argv = argv
+    if code in STOPPED_BY_SIGNAL:  # the job saved its checkpoint and stopped for the user: so does the study
+        raise SystemExit(f"error: the study was stopped ({STOPPED_BY_SIGNAL[code]}) in the job logged to {log}; "
+                         "python experiments/variant_study.py --reuse continues it")  # fmt: skip
     return code
 
 

@@ -110,6 +110,19 @@ def test_a_job_that_cannot_run_shows_its_one_line_error_and_missing_data_skips(t
     assert not (tmp_path / "runs" / "gpt").exists()
 
 
+@pytest.mark.parametrize("status", [130, 138, 143])
+def test_a_job_stopped_by_a_signal_stops_the_study(status: int, tmp_path: Path, monkeypatch) -> None:
+    # run.py takes Ctrl-C / SIGUSR1 / SIGTERM as "save and stop"; in-process, the study must stop with it.
+    def stopped(path, run_name):
+        raise SystemExit(status)
+
+    monkeypatch.setattr(variant_study.runpy, "run_path", stopped)
+    with pytest.raises(SystemExit, match=r"the study was stopped .*--reuse continues it"):
+        variant_study.run_in_process(["model=vit"], tmp_path / "job.log")
+    monkeypatch.setattr(variant_study.runpy, "run_path", lambda path, run_name: None)
+    assert variant_study.run_in_process(["model=vit"], tmp_path / "job.log") == 0
+
+
 @pytest.mark.parametrize(
     "attention, extrapolates",
     [("attention=rope", True), ("attention=full", False), ("attention=rope,++attention.rope_scaling=dynamic", True)],
