@@ -639,9 +639,12 @@ def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min) -> s
     mode = "--quick: scaled-down runs, the numbers show that the pipeline works, not what the models reach" \
         if args.quick else "full"  # fmt: skip
     origin = [[row.name, row.origin, " ".join(row.overrides)] for row in rows]
+    selection = "".join(
+        f" --{name} {' '.join(getattr(args, name))}" for name in ("rows", "tasks") if getattr(args, name)
+    )
     parts = [
         "# The variant study",
-        f"Written by `python experiments/variant_study.py{' --quick' if args.quick else ''}` ({mode}) in "
+        f"Written by `python experiments/variant_study.py{' --quick' if args.quick else ''}{selection}` ({mode}) in "
         f"{wall_min:.1f} min. Every number below is measured by that command on this machine; none is typed in. "
         f"Cells are the median over seeds (range in brackets; a job shorter than {LONG_RUN_S / 60:.0f} minutes runs "
         f"{args.seeds} seed(s)); a cell without a number names the one-line error the job got (footnotes).",

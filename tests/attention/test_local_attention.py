@@ -7,6 +7,7 @@ import torch
 
 from zoo.attention import MultiHeadAttention, sliding_window_attention
 from zoo.attention import local as local_module
+from zoo.attention.biases import ALiBi
 
 from .helpers import LargestTensor, banded_mask, random_padding, reference_softmax_attention
 
@@ -85,3 +86,54 @@ def test_local_attention_longer_than_window_uses_blocks_and_matches_reference() 
     out, weights = module(x, need_weights=True)  # explicit dense path
     torch.testing.assert_close(module(x), out, atol=1e-5, rtol=1e-5)
     assert weights.shape == (2, 2, 100, 100)
+
+
+CHUNKED_CASES = [  # (batch, length, window, block, kv heads, causal): chunks of 32 queries, windows of whole
+    # blocks or not, the last block and chunk partial, grouped key/value heads
+    (2, 150, 16, 8, 2, True),
+    (1, 200, 40, 16, 1, True),
+    (2, 131, 16, 8, 2, False),
+    (1, 97, 33, 16, 2, False),
+    (2, 300, 100, 16, 2, True),  # windows reaching back over several chunks
+]
+
+
+@pytest.mark.parametrize("alibi", [False, True])
+@pytest.mark.parametrize(("batch", "length", "window", "block", "kv_heads", "causal"), CHUNKED_CASES)
+def test_chunked_band_matches_masked_attention_across_chunks(
+    alibi: bool, batch: int, length: int, window: int, block: int, kv_heads: int, causal: bool, monkeypatch
+) -> None:
+    """The CPU path without padding or dropout (`_ChunkedBand`: a chunk of query blocks per fused call, the key
+    windows rebuilt in the backward) equals the formula, outputs and gradients, with a bias and grouped heads."""
+    monkeypatch.setattr(local_module, "CHUNK_QUERIES", 32)
+    calls = []
+    apply = local_module._ChunkedBand.apply
+    monkeypatch.setattr(local_module._ChunkedBand, "apply", lambda *args: calls.append(1) or apply(*args))
+    generator = torch.Generator().manual_seed(length + window)
+    q = torch.randn(batch, 4, length, 8, generator=generator, requires_grad=True)
+    k, v = (torch.randn(batch, kv_heads, length, 8, generator=generator, requires_grad=True) for _ in range(2))
+    bias, dense_bias = None, None
+    if alibi:
+        bias = ALiBi(4)
+        positions = torch.arange(length)
+        dense_bias = bias(positions, positions)
+    out, _ = sliding_window_attention(q, k, v, window, causal=causal, block_size=block, bias=bias)
+    expected = reference_softmax_attention(q, k, v, banded_mask(length, window, causal)[None, None], dense_bias)
+    assert calls, "the chunked path did not run"
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    grad = torch.randn(out.shape, generator=generator)
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_chunked_band_holds_no_tensor_of_every_window() -> None:
+    """Forward and backward hold nothing larger than one (n, D) input or one chunk's mask: the blocks' key
+    windows ((n / block) x (block + window) keys, twice the keys here) and their masks exist a chunk at a time,
+    in the forward and the backward (whole-sequence ones would be 2x and 4x the bound)."""
+    length, window, dim = 4096, 64, 8
+    q, k, v = (torch.randn(1, 1, length, dim, requires_grad=True) for _ in range(3))
+    with LargestTensor() as spy:
+        out, _ = sliding_window_attention(q, k, v, window, causal=True)
+        out.sum().backward()
+    chunk_mask = local_module.CHUNK_QUERIES * (local_module.DEFAULT_BLOCK_SIZE + window)
+    assert spy.largest <= max(length * dim, chunk_mask), spy.largest

@@ -1,0 +1,62 @@
+"""experiments/attention_benchmark.py keeps running: every row at one short length, one round, and its report
+(the targets of issues #15 and #17, the table, the plot)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from experiments import attention_benchmark as bench
+
+
+@pytest.fixture(scope="module")
+def results() -> list[dict]:
+    original = bench.rounds_for
+    bench.rounds_for = lambda length, quick: 1
+    try:
+        # 512: above the pattern kernels' dense cut-off, so every row takes its blockwise path
+        return bench.measure(torch.device("cpu"), [512], True, time.perf_counter, lambda line: None)
+    finally:
+        bench.rounds_for = original
+
+
+def test_every_row_is_timed_and_its_memory_measured(results: list[dict]) -> None:
+    assert [r["variant"] for r in results] == bench.ROWS
+    for row in results:
+        for key in ("forward_ms", "train_ms", "forward_peak_mib", "train_peak_mib"):
+            assert row[key] > 0, (row["variant"], key, row[key])
+
+
+def test_kernel_rows_compare_with_the_bare_sdpa_of_their_own_kind(results: list[dict]) -> None:
+    by_name = {r["variant"]: r for r in results}
+    assert by_name["compressed-kernel"]["forward_vs_sdpa"] == pytest.approx(
+        by_name["compressed-kernel"]["forward_ms"] / by_name["sdpa-bidir"]["forward_ms"]
+    )
+    assert by_name["sparse-kernel"]["train_vs_sdpa"] == pytest.approx(
+        by_name["sparse-kernel"]["train_ms"] / by_name["sdpa"]["train_ms"]
+    )
+
+
+def test_bare_kernel_rows_compute_what_their_module_kernels_compute() -> None:
+    rows = bench.build_rows(torch.device("cpu"), 512)
+    qkv = torch.randn(3, 1, bench.HEADS, 512, bench.HEAD_DIM)
+    for name in ("sparse", "axial", "compressed"):
+        module = rows[name]
+        expected, _ = module.kernel(*qkv.unbind(0), causal=bench.causal(name))
+        torch.testing.assert_close(rows[f"{name}-kernel"](qkv), expected)
+    full = torch.nn.functional.scaled_dot_product_attention(*qkv.unbind(0))
+    assert not torch.allclose(rows["compressed-kernel"](qkv), full)  # bidirectional, compressed: not plain SDPA
+
+
+def test_report_names_every_target_and_writes_table_and_plot(results: list[dict], tmp_path) -> None:
+    lines = "\n".join(bench.targets(results, "cpu"))
+    for variant, goal in (("sparse", 5), ("axial", 5), ("compressed", 10)):
+        assert f"- {variant} >= {goal}x faster than full" in lines
+    assert "forward kernel" in lines and "module vs full module" in lines
+    bench.write_markdown(results, {"cores": "2"}, tmp_path / "bench.md", quick=True)
+    bench.plot(results, tmp_path / "bench.png")
+    text = (tmp_path / "bench.md").read_text()
+    assert "| 512 | sparse-kernel |" in text and "| 512 | compressed-kernel |" in text
+    assert (tmp_path / "bench.png").stat().st_size > 0
