@@ -96,3 +96,35 @@ def test_feature_map_is_elu_plus_one_with_its_gradient() -> None:
     assert torch.autograd.gradcheck(elu_feature_map, (x[::50].detach().clone().requires_grad_(),))
     (grad,) = torch.autograd.grad(y.sum(), x)
     torch.testing.assert_close(grad, torch.where(x > 0, 1.0, x.exp()).detach())
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+@pytest.mark.parametrize(("length", "chunk", "segment"), [(100, 8, 32), (97, 16, 20), (130, 4, 64)])
+def test_causal_segments_carry_the_state_exactly(
+    feature_map: str, length: int, chunk: int, segment: int, monkeypatch
+) -> None:
+    """A long causal sequence runs SEGMENT_LENGTH tokens at a time (rounded to whole chunks), each segment
+    continuing the last one's state: outputs and gradients equal the one-pass kernel, with padding and a
+    feature map that treats queries and keys differently."""
+    from zoo.attention import linear as linear_module
+    from zoo.attention.contract import HeadLayout
+
+    generator = torch.Generator().manual_seed(length + segment)
+    q, k, v = (torch.randn(2, 2, length, 8, generator=generator, requires_grad=True) for _ in range(3))
+    padding = random_padding(2, length, generator)
+    kernel = LinearAttention(chunk_size=chunk, feature_map=feature_map)
+    kernel.setup_heads(HeadLayout(num_heads=2, kv_heads=2, head_dim=8))
+    kernel.eval()
+    expected, _ = kernel(q, k, v, causal=True, key_padding_mask=padding)  # one segment: SEGMENT_LENGTH > length
+    monkeypatch.setattr(linear_module, "SEGMENT_LENGTH", segment)
+    calls = []
+    original = linear_module.causal_linear_attention
+    monkeypatch.setattr(
+        linear_module, "causal_linear_attention", lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
+    )
+    out, _ = kernel(q, k, v, causal=True, key_padding_mask=padding)
+    assert len(calls) == -(-length // max(chunk, segment // chunk * chunk)) > 1
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    grad = torch.randn(out.shape, generator=generator)
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
