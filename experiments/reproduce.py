@@ -349,6 +349,9 @@ def kv_memory_markdown(out: Path) -> str:
     return f"### KV-cache memory per token, grouped-query heads (`experiments/kv_cache_memory.py`)\n\n{body.strip()}"
 
 
+TWO_THREADS = "attention_benchmark_2threads"  # the benchmark's 2-thread run, a folder of the results
+
+
 def attention_markdown(out: Path) -> tuple[str, list[str]]:
     csv_path = out / "attention_benchmark.csv"
     if not csv_path.is_file():
@@ -375,8 +378,14 @@ def attention_markdown(out: Path) -> tuple[str, list[str]]:
         f"### Attention scaling (`experiments/attention_benchmark.py`)\n\nSelf-attention (causal; the -bidir rows "
         f"and compressed bidirectional, against full-bidir; the -kernel rows are the kernels alone on ready q, k, v, "
         f"as bare SDPA), 4 heads of 64, fp32, CPU, at n = {shown} ({measured}every length, the targets and how it "
-        f"is measured: [attention_benchmark.md](attention_benchmark.md)). GPU figures: not measured here (no GPU "
-        f"on this machine); `python experiments/gpu_check.py` measures them on CUDA.\n\n"
+        f"is measured: [attention_benchmark.md](attention_benchmark.md)"
+        + (
+            f"; the same at 2 threads: [{TWO_THREADS}/attention_benchmark.md]({TWO_THREADS}/attention_benchmark.md)"
+            if (out / TWO_THREADS / "attention_benchmark.md").is_file()
+            else ""
+        )
+        + "). GPU figures: not measured here (no GPU "
+        "on this machine); `python experiments/gpu_check.py` measures them on CUDA.\n\n"
         + table(
             [
                 "variant",
@@ -390,15 +399,23 @@ def attention_markdown(out: Path) -> tuple[str, list[str]]:
         )  # fmt: skip
         + "\n\n![attention scaling](attention_benchmark.png)"
     )
-    # Issue #17's kernel targets: the kernel alone against bare causal SDPA, forward.
+    # Issues #17's and #15's kernel targets: the kernel alone against bare SDPA (causal; compressed against
+    # bidirectional SDPA), forward.
     headline = []
-    for name, goals in (("local", ((8192, 10), (32768, 30))), ("linear", ((8192, 12), (32768, 40)))):
+    for name, goals in (
+        ("local", ((8192, 10), (32768, 30))),
+        ("linear", ((8192, 12), (32768, 40))),
+        ("sparse", ((8192, 5),)),
+        ("axial", ((8192, 5),)),
+        ("compressed", ((8192, 10),)),
+    ):
+        kind = "bidirectional" if name == "compressed" else "causal"
         for length, target in goals:
             row = next((r for r in cpu if r["variant"] == f"{name}-kernel" and int(r["length"]) == length), None)
             if row is not None:
                 speedup = 1 / float(row["forward_vs_sdpa"])
                 headline.append(
-                    f"| {name} attention kernel speed-up vs causal SDPA at n={length} (forward) | {speedup:.2f}x | "
+                    f"| {name} attention kernel speed-up vs {kind} SDPA at n={length} (forward) | {speedup:.2f}x | "
                     f">= {target}x |"
                 )
     headline += [
@@ -408,6 +425,41 @@ def attention_markdown(out: Path) -> tuple[str, list[str]]:
         if name in at
     ]
     return text, headline
+
+
+POSITIONS = "variant_study_positions"  # the variant study's GPT rows of the position options, a folder of results
+POSITION_ROWS = ("full", "rope", "rope+dynamic", "rope+linear", "rope+ntk", "full+alibi", "full+t5")
+
+
+def positions_markdown(out: Path) -> str:
+    """The GPT's val loss at its block and at 4x it per position option: the variant study's GPT columns, from
+    its full page when that has them, else from the page of its run restricted to these rows (POSITIONS)."""
+    for page in (out / "variant_study.md", out / POSITIONS / "variant_study.md"):
+        text = page.read_text() if page.is_file() else ""
+        found = re.search(r"^\| attention \|.*?(?=\n\n)", text, re.M | re.S)
+        if found is None or "at 4x the block" not in found.group(0):
+            continue
+        lines = found.group(0).splitlines()
+        header = lines[0].split(" | ")
+        keep = [0] + [i for i, name in enumerate(header) if name.startswith("GPT")]
+        rows = [line.split(" | ") for line in lines[2:]]
+        rows = [row for row in rows if row[0].strip("| ") in POSITION_ROWS]
+        picked = [" | ".join(cells[i].strip("| ") for i in keep) for cells in (header, *rows)]
+        body = [f"| {picked[0]} |", "|" + "---|" * len(keep)] + [f"| {line} |" for line in picked[1:]]
+        command = re.search(r"^Written by `([^`]+)`", text, re.M)
+        when = re.search(r"^\| date \| (.+?) \|$", text, re.M)
+        notes = "\n".join(re.findall(r"^\[\d+\] .*$", text, re.M))
+        shown = page.relative_to(out)
+        return (
+            "### Position options in the GPT, at its block and at 4x it (`experiments/variant_study.py`)\n\n"
+            "Tiny-shakespeare char GPT (`experiment=gpt_shakespeare_char`: 4 layers, 4 heads, width 128, block 64, "
+            "2000 steps), val loss on the whole val split at the training block and at 4x it (the rope_scaling rows "
+            "train and evaluate with rope_factor 4; the learned positions of `full` have no weights past the block), "
+            f"{when.group(1) if when else ''}: `{command.group(1) if command else page}` ([its page]({shown})).\n\n"
+            + "\n".join(body)
+            + (f"\n\n{notes}" if notes else "")
+        )
+    return ""
 
 
 def variant_study_markdown(out: Path) -> str:
@@ -450,9 +502,10 @@ def write_results(args, info, summary, attention, speed, out: Path) -> Path:
         + "\n\n![quality](quality.png)",
         "## Speed\n\n" + "\n\n".join(part for part in (attention[0], speed[0], kv_memory_markdown(out)) if part),
         variant_study_markdown(out),
+        positions_markdown(out),
     ]
     path = out / "RESULTS.md"
-    path.write_text("\n\n".join(text) + "\n")
+    path.write_text("\n\n".join(part for part in text if part) + "\n")
     return path
 
 
@@ -482,8 +535,16 @@ def main(argv: list[str] | None = None) -> None:
 
     if "attention" in args.only:
         command = [sys.executable, str(EXPERIMENTS / "attention_benchmark.py"), "--out", str(args.out)]
-        run_command(command + (["--quick", "--lengths", "1024", "2048", "4096"] if args.quick else []),
-                    runs_dir / "attention_benchmark.log")  # fmt: skip
+        if args.quick:
+            run_command(
+                command + ["--quick", "--lengths", "1024", "2048", "4096"], runs_dir / "attention_benchmark.log"
+            )
+        else:  # 1 thread timed by its own CPU time (robust to other jobs), then 2 threads by the wall clock
+            run_command(
+                command + ["--threads", "1", "--timer", "thread", "--flex"], runs_dir / "attention_benchmark.log"
+            )
+            two = ["--threads", "2", "--out", str(args.out / TWO_THREADS)]
+            run_command(command[:2] + two, runs_dir / "attention_benchmark_2threads.log")
     attention = attention_markdown(args.out)
 
     speed_files = {name: runs_dir / f"{name}.json" for name in ("gpt_throughput", "vit_throughput", "kv_cache")}

@@ -73,3 +73,32 @@ def test_results_page_has_machine_headline_medians_and_plots(tmp_path: Path) -> 
     assert "Lightning / plain loop **0.986x**" in text and "| GPT training tokens/s, Lightning vs plain loop" in text
     assert "### KV-cache memory per token, grouped-query heads (`experiments/kv_cache_memory.py`)\n\n| kv_heads" in text
     assert (tmp_path / "quality.png").stat().st_size > 1000 and (tmp_path / "gpt_throughput.png").is_file()
+
+
+STUDY_PAGE = """Written by `python experiments/variant_study.py --tasks gpt_char vit_digits` (full) in 9.0 min.
+
+| date | 2026-12-01 16:10 |
+
+| attention | ViT digits (test acc) | GPT tiny-shakespeare char (val loss) | GPT val loss at 4x the block |
+|---|---|---|---|
+| full | 0.980 | 1.9102 | [1] |
+| local | 0.975 | 1.9500 | [2] |
+| full+alibi | 0.981 | 1.8425 | 1.8231 |
+
+[1] wpe.weight is (64, 128) for block 64: no weights for the longer input
+"""
+
+
+def test_positions_section_takes_the_gpt_columns_of_the_position_rows(tmp_path: Path) -> None:
+    assert reproduce.positions_markdown(tmp_path) == ""  # no study page: no section
+    (tmp_path / reproduce.POSITIONS).mkdir()
+    (tmp_path / reproduce.POSITIONS / "variant_study.md").write_text(STUDY_PAGE)
+    text = reproduce.positions_markdown(tmp_path)
+    assert "| attention | GPT tiny-shakespeare char (val loss) | GPT val loss at 4x the block |" in text
+    assert "| full+alibi | 1.8425 | 1.8231 |" in text and "| full | 1.9102 | [1] |" in text
+    assert "local" not in text.split("|---|")[1] and "0.980" not in text  # other rows and columns left out
+    assert "[1] wpe.weight" in text and "--tasks gpt_char vit_digits" in text and "2026-12-01 16:10" in text
+    assert f"({reproduce.POSITIONS}/variant_study.md)" in text
+    # The full study's page, once it has the 4x column, is preferred.
+    (tmp_path / "variant_study.md").write_text(STUDY_PAGE.replace("1.8231", "1.7000"))
+    assert "| full+alibi | 1.8425 | 1.7000 |" in reproduce.positions_markdown(tmp_path)
