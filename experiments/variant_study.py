@@ -25,7 +25,8 @@ A job shorter than 5 minutes is repeated for 3 seeds and reported as the median 
 exits with a one-line error (bad input: a variant that cannot run a task by definition) shows that line.
 
 Results: experiments/results/variant_study.{md,json,png} (--quick: experiments/results/quick/), with every job's
-wall time, date and the machine; the jobs' folders are outputs/variant_study/<mode>/<task>/<row>-seed<n>/.
+wall time, date and the machine; the jobs' folders are outputs/variant_study/<mode>/<task>/<row>-seed<n>/ (an '='
+in a row's name written as '-').
 """
 
 from __future__ import annotations
@@ -244,6 +245,13 @@ class Job:
         return [*self.task.overrides, *self.row.overrides, f"seed={self.seed}", f"hydra.run.dir={self.folder}",
                 "print_config=false", "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null",
                 "+trainer.enable_progress_bar=false"]  # fmt: skip
+
+
+def job_folder(runs_dir: Path, task: Task, row: Row, seed: int) -> Path:
+    """runs_dir/<task>/<row>-seed<n>, with the characters a command-line override value cannot hold unquoted
+    (a row named after an option's value: full+kv_heads=1) written as '-'."""
+    name = re.sub(r"[^\w.+-]", "-", row.name)
+    return runs_dir / task.key / f"{name}-seed{seed}"
 
 
 def stream_handlers() -> list[logging.StreamHandler]:
@@ -498,7 +506,7 @@ def run_study(args: argparse.Namespace, rows: list[Row], columns: list[Task]) ->
         for row in rows:
             results = []
             for seed in range(args.seeds):
-                job = Job(task, row, seed, runs_dir / task.key / f"{row.name}-seed{seed}")
+                job = Job(task, row, seed, job_folder(runs_dir, task, row, seed))
                 result = run_job(job, args.reuse)
                 results.append(result)
                 if task.key == "gpt_char":

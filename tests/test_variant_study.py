@@ -188,3 +188,17 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
     (tmp_path / "variant_study.md").write_text(text)
     section = reproduce.variant_study_markdown(tmp_path)  # what RESULTS.md shows of it
     assert "[variant_study.md](variant_study.md)" in section and "**local** (0.980" in section
+
+
+def test_every_job_of_every_row_is_a_command_line_hydra_parses(tmp_path: Path) -> None:
+    """A row named after an option's value (full+kv_heads=1) once gave a job folder that broke hydra.run.dir."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    args = quick_args(tmp_path)
+    for task in variant_study.tasks(args):
+        for row in variant_study.discover_rows()[0]:
+            job = variant_study.Job(task, row, 0, variant_study.job_folder(tmp_path / "runs", task, row, 0))
+            parsed = parser.parse_overrides(job.arguments)
+            folder = next(o.value() for o in parsed if o.key_or_group == "hydra.run.dir")
+            assert Path(folder) == job.folder and job.folder.parent == tmp_path / "runs" / task.key
