@@ -39,15 +39,19 @@ def test_kernel_rows_compare_with_the_bare_sdpa_of_their_own_kind(results: list[
     )
 
 
-def test_bare_kernel_rows_compute_what_their_module_kernels_compute() -> None:
+def test_kernel_rows_attend_as_their_kind_causal_or_bidirectional() -> None:
+    """The causal kernel rows never look ahead (a change to the last key changes no earlier output) and the
+    bidirectional compressed row does (a causal call would be refused by it)."""
     rows = bench.build_rows(torch.device("cpu"), 512)
     qkv = torch.randn(3, 1, bench.HEADS, 512, bench.HEAD_DIM)
-    for name in ("sparse", "axial", "compressed"):
-        module = rows[name]
-        expected, _ = module.kernel(*qkv.unbind(0), causal=bench.causal(name))
-        torch.testing.assert_close(rows[f"{name}-kernel"](qkv), expected)
-    full = torch.nn.functional.scaled_dot_product_attention(*qkv.unbind(0))
-    assert not torch.allclose(rows["compressed-kernel"](qkv), full)  # bidirectional, compressed: not plain SDPA
+    changed = qkv.clone()
+    changed[1:, :, :, -1] += 1.0  # the last key and value
+    for name in ("local-kernel", "linear-kernel", "sparse-kernel", "fixed-kernel", "axial-kernel"):
+        before, after = rows[name](qkv), rows[name](changed)
+        torch.testing.assert_close(before[:, :, :-1], after[:, :, :-1], msg=name)
+        assert not torch.allclose(before[:, :, -1], after[:, :, -1]), name
+    before, after = rows["compressed-kernel"](qkv), rows["compressed-kernel"](changed)
+    assert not torch.allclose(before[:, :, 0], after[:, :, 0])  # the first query sees the last key
 
 
 def test_report_names_every_target_and_writes_table_and_plot(results: list[dict], tmp_path) -> None:

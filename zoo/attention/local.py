@@ -64,6 +64,15 @@ def _band_extent(window: int, causal: bool, length: int) -> tuple[int, int]:
     return half, half
 
 
+def _block_band(
+    window: int, causal: bool, left: int, right: int, block: int, device: torch.device | None = None
+) -> torch.Tensor:
+    """(block, left + block + right) bool: the band for a block's queries over its window of keys (the same for
+    every block; query i of the block sits `left` positions after the window's first key)."""
+    queries = left + torch.arange(block, device=device)[:, None]
+    return band(queries, torch.arange(left + block + right, device=device)[None, :], window, causal)
+
+
 def _block_allowed(
     batch: int,
     length: int,
@@ -85,9 +94,7 @@ def _block_allowed(
         body.masked_fill_(key_padding_mask.bool(), -1)
     block_owner = torch.arange(batch, device=device).repeat_interleave(n_blocks)
     real_key = owner.unfold(0, left + block + right, block) == block_owner[:, None]  # (B * n_blocks, keys)
-    distance = left + torch.arange(block, device=device)[:, None] - torch.arange(left + block + right, device=device)
-    band = (distance >= 0) & (distance < window) if causal else distance.abs() <= window // 2
-    return band & real_key[:, None, :]
+    return _block_band(window, causal, left, right, block, device) & real_key[:, None, :]
 
 
 @functools.lru_cache(maxsize=4)
@@ -129,7 +136,11 @@ def _blockwise_sliding_window(
     CPU: `_ChunkedBand`, the same blocks a chunk at a time."""
     batch, heads, length, dim = q.shape
     block = min(block, length)
-    if key_padding_mask is None and fused_kernel_applies(q, dropout_p, _requires_grad(bias)):
+    if (
+        key_padding_mask is None
+        and q.device.type == "cpu"
+        and fused_kernel_applies(q, dropout_p, _requires_grad(bias, q.device))
+    ):
         left, right = _band_extent(window, causal, length)
         masks = _chunk_mask_maker(length, window, causal, block, bias, start, q.dtype)
         return _ChunkedBand.apply(q, k, v, masks, left, right, block)
@@ -191,12 +202,12 @@ def _chunk_windows(x: torch.Tensor, row: int, start: int, rows: int, heads: int)
 def _add_window_grads(total: torch.Tensor, grad: torch.Tensor, first: int, block: int) -> None:
     """total (n, G, D) += the gradient of key windows (nbc, H, keys, D) whose window i starts at key position
     first + i * block (positions outside 0..n-1 are dropped). Windows of whole blocks add piece by piece: a few
-    shifted additions (measured 4x faster than aten's unfold_backward here)."""
+    shifted additions (profile at n=8192, 1 thread: aten's unfold_backward took 59 ms a step, these 8 ms)."""
     n_blocks, heads, keys, dim = grad.shape
     groups, length = total.shape[1], total.shape[0]
     if keys % block:
-        rows = first + (n_blocks - 1) * block + keys
-        grad = torch.ops.aten.unfold_backward(grad.transpose(-1, -2), [rows - first, heads, dim], 0, keys, block)
+        rows = (n_blocks - 1) * block + keys
+        grad = torch.ops.aten.unfold_backward(grad.transpose(-1, -2), [rows, heads, dim], 0, keys, block)
         pieces = [(first, grad)]
     else:
         pieces = []
@@ -223,8 +234,8 @@ class _ChunkedBand(torch.autograd.Function):
         batch, heads, length, dim = q.shape
         # lse keeps the padded query slots too: the backward recomputes their probabilities from it
         out, lse = q.new_empty(batch, length, heads, dim), q.new_empty(batch, heads, -(-length // block) * block)
+        window = left + block + right
         for row, start, stop, keys, mask in _chunks(batch, length, left, right, block, masks):
-            window = left + block + right
             k_blocks = _chunk_windows(k, row, start - left, keys, heads).unfold(0, window, block).transpose(-1, -2)
             v_blocks = _chunk_windows(v, row, start - left, keys, heads).unfold(0, window, block).transpose(-1, -2)
             queries = _chunk_queries(q, row, start, stop, block)
@@ -272,11 +283,11 @@ def _chunks(batch: int, length: int, left: int, right: int, block: int, masks):
             yield row, start, stop, left + n_blocks * block + right, mask
 
 
-def _requires_grad(bias: ScoreBias | None) -> bool:
+def _requires_grad(bias: ScoreBias | None, device: torch.device) -> bool:
     """Whether a bias is learned and being trained (the fused kernel gives no bias gradient)."""
     if bias is None or not torch.is_grad_enabled():
         return False
-    probe = torch.zeros(1, 1, dtype=torch.long)
+    probe = torch.zeros(1, 1, dtype=torch.long, device=device)
     return bias(probe, probe).requires_grad
 
 
@@ -314,13 +325,12 @@ def _band_block_mask(
     blocks' one (1, 1, block, keys). Inference-mode tensors are kept apart (autograd cannot save them)."""
     del inference  # part of the cache key only
     left, right = _band_extent(window, causal, length)
-    distance = left + torch.arange(block)[:, None] - torch.arange(left + block + right)
-    band = (distance >= 0) & (distance < window) if causal else distance.abs() <= window // 2
+    allowed = _block_band(window, causal, left, right, block)
     if start < 0:
-        return additive_mask(band, dtype)[None, None]
+        return additive_mask(allowed, dtype)[None, None]
     first = start + block * torch.arange(n_blocks)[:, None]
     key_positions = first - left + torch.arange(left + block + right)
-    allowed = band & ((key_positions >= 0) & (key_positions < length))[:, None, :]
+    allowed = allowed & ((key_positions >= 0) & (key_positions < length))[:, None, :]
     allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
     return additive_mask(allowed, dtype)[:, None]
 
