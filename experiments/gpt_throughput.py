@@ -49,12 +49,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face GPT-2")
     parser.add_argument(
-        "--precision",
+        "--precisions",
+        nargs="+",
         choices=["32-true", "bf16-mixed"],
-        default="32-true",
-        help="bf16-mixed: torch.autocast(bfloat16) in every path (Lightning's precision flag)",
+        default=["32-true", "bf16-mixed"],
+        help="every path in each: 32-true (fp32) and bf16-mixed (torch.autocast(bfloat16), Lightning's flag)",
     )
     parser.add_argument("--unfused", action="store_true", help="Adam's per-tensor loop instead of the fused kernel")
+    parser.add_argument(
+        "--compile", action="store_true", help="also zoo's Lightning path under torch.compile (inductor)"
+    )
     parser.add_argument("--json", type=str, default=None, help="also write the results to this file")
     return parser.parse_args()
 
@@ -78,11 +82,11 @@ def flops_per_token(model: GPT) -> float:
     return 6 * model.num_parameters() + 12 * config.n_layer * config.block_size * config.n_embd
 
 
-def plain_loop(model: torch.nn.Module, logits_of: Callable, batches, args, total_steps: int) -> float:
+def plain_loop(model: torch.nn.Module, logits_of: Callable, batches, args, total_steps: int, precision: str) -> float:
     """The training loop without Lightning; returns tokens/s over the timed steps."""
     fused = False if args.unfused else None
     optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), fused=fused)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed")
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier("cosine", total_steps, 100, 0.1))
     model.train()
     start = None
@@ -116,15 +120,18 @@ class StepTimer(L.Callback):
         self.end = time.perf_counter()
 
 
-def lightning_path(net: dict, loader: DataLoader, args) -> float:
+def lightning_path(net: dict, loader: DataLoader, args, precision: str, compile: bool = False) -> float:
+    """zoo's LanguageModelTask under a Lightning Trainer (compile: the network under torch.compile, compiled
+    during the untimed warm-up steps)."""
     task = LanguageModelTask(
         net=net,
+        compile=compile,
         optimizer={"lr": 1e-3, "weight_decay": 0.1, "betas": [0.9, 0.99], **({"fused": False} if args.unfused else {})},
         scheduler={"warmup_steps": 100, "min_lr": 1e-4},
         sample={"max_new_tokens": 0},
     )
     timer = StepTimer(args.warmup)
-    plugins = [mixed_precision_plugin(args.precision, "cpu")] if args.precision != "32-true" else []
+    plugins = [mixed_precision_plugin(precision, "cpu")] if precision != "32-true" else []
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_steps=args.warmup + args.steps, gradient_clip_val=1.0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
@@ -132,6 +139,28 @@ def lightning_path(net: dict, loader: DataLoader, args) -> float:
     )  # fmt: skip
     trainer.fit(task, train_dataloaders=loader)
     return args.steps * args.batch_size * args.block_size / (timer.end - timer.start)
+
+
+def path_name(path: str, precision: str) -> str:
+    return f"{path}, {precision}"
+
+
+def ratios(median: dict[str, float]) -> dict[str, float]:
+    """The ratios #19 reads: Lightning's overhead (fp32), the default precision (bf16-mixed) against zoo's own
+    fp32 eager step, and zoo's fastest Lightning path against Hugging Face's fastest precision."""
+    out = {}
+    fp32 = median.get(path_name("zoo GPT, Lightning", "32-true"))
+    plain = median.get(path_name("zoo GPT, plain loop", "32-true"))
+    bf16 = median.get(path_name("zoo GPT, Lightning", "bf16-mixed"))
+    if fp32 and plain:
+        out["Lightning / plain loop, fp32"] = fp32 / plain
+    if fp32 and bf16:
+        out["Lightning bf16-mixed / Lightning fp32"] = bf16 / fp32
+    ours = [value for name, value in median.items() if name.startswith("zoo GPT, Lightning")]
+    theirs = [value for name, value in median.items() if name.startswith("HF GPT-2")]
+    if ours and theirs:
+        out["zoo Lightning (fastest) / HF GPT-2 (fastest)"] = max(ours) / max(theirs)
+    return out
 
 
 def main() -> None:
@@ -151,7 +180,7 @@ def main() -> None:
     def batches():
         return iter(RandomBlocks(tokens, args.block_size, args.batch_size, seed=0))
 
-    hf_config = None
+    hf_config = GPT2LMHeadModel = None
     if not args.no_hf:
         try:
             from transformers import GPT2Config, GPT2LMHeadModel
@@ -163,54 +192,56 @@ def main() -> None:
         except ImportError:
             print("transformers is not installed: skipping Hugging Face GPT-2")
 
-    def zoo_plain() -> float:
-        return plain_loop(GPT(GPTConfig(**net)), lambda model, x: model(x), batches(), args, total_steps)
+    def loader() -> DataLoader:
+        return DataLoader(RandomBlocks(tokens, args.block_size, args.batch_size, seed=0), batch_size=None)
 
-    def zoo_lightning() -> float:
-        loader = DataLoader(RandomBlocks(tokens, args.block_size, args.batch_size, seed=0), batch_size=None)
-        return lightning_path(net, loader, args)
-
-    def hf_plain() -> float:
-        model = GPT2LMHeadModel(hf_config)
-        return plain_loop(model, lambda model, x: model(x).logits, batches(), args, total_steps)
-
-    paths: dict[str, Callable[[], float]] = {"zoo GPT, plain loop": zoo_plain, "zoo GPT, Lightning": zoo_lightning}
-    if hf_config is not None:
-        paths["HF GPT-2, plain loop"] = hf_plain
+    paths: dict[str, Callable[[], float]] = {}
+    for precision in args.precisions:
+        paths[path_name("zoo GPT, plain loop", precision)] = lambda p=precision: plain_loop(
+            GPT(GPTConfig(**net)), lambda model, x: model(x), batches(), args, total_steps, p
+        )
+        paths[path_name("zoo GPT, Lightning", precision)] = lambda p=precision: lightning_path(net, loader(), args, p)
+        if args.compile:
+            paths[path_name("zoo GPT, Lightning, compiled", precision)] = lambda p=precision: lightning_path(
+                net, loader(), args, p, compile=True
+            )
+        if hf_config is not None:
+            paths[path_name("HF GPT-2, plain loop", precision)] = lambda p=precision: plain_loop(
+                GPT2LMHeadModel(hf_config), lambda model, x: model(x).logits, batches(), args, total_steps, p
+            )
 
     L.seed_everything(0, verbose=False)
     peak = measure_matmul_peak()
     results: dict[str, list[float]] = {name: [] for name in paths}
+    width = max(len(name) for name in paths)
     for round_index in range(args.rounds):
         for name, run in paths.items():
             results[name].append(run())
-            print(f"round {round_index + 1}: {name:<22} {results[name][-1]:>10,.0f} tokens/s", flush=True)
+            print(f"round {round_index + 1}: {name:<{width}} {results[name][-1]:>10,.0f} tokens/s", flush=True)
 
     model = GPT(GPTConfig(**net))
     per_token = flops_per_token(model)
     median = {name: statistics.median(values) for name, values in results.items()}
-    plain, lightning = median["zoo GPT, plain loop"], median["zoo GPT, Lightning"]
     print(
         f"\nGPT n_layer={args.n_layer} n_head={args.n_head} n_embd={args.n_embd} block={args.block_size} "
         f"batch={args.batch_size} vocab={args.vocab_size}: {model.num_parameters() / 1e6:.2f}M parameters, "
-        f"{per_token / 1e6:.1f} MFLOP/token; {args.precision}{', unfused Adam' if args.unfused else ''}; "
+        f"{per_token / 1e6:.1f} MFLOP/token{', unfused Adam' if args.unfused else ''}; "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
     print(f"matmul peak (fp32 2048^2): {peak / 1e9:.0f} GFLOP/s\n")
-    print(f"{'path':<22} {'tokens/s':>10} {'ms/step':>8} {'MFU':>6}  rounds")
+    print(f"{'path':<{width}} {'tokens/s':>10} {'ms/step':>8} {'MFU':>6}  rounds")
     for name, value in median.items():
         step_ms = 1000 * args.batch_size * args.block_size / value
         rounds = ", ".join(f"{v:,.0f}" for v in results[name])
-        print(f"{name:<22} {value:>10,.0f} {step_ms:>8.1f} {value * per_token / peak:>6.1%}  {rounds}")
-    print(f"\nLightning / plain loop: {lightning / plain:.3f}x")
-    if "HF GPT-2, plain loop" in median:
-        print(f"Lightning / HF GPT-2:   {lightning / median['HF GPT-2, plain loop']:.3f}x")
-        print(f"plain loop / HF GPT-2:  {plain / median['HF GPT-2, plain loop']:.3f}x")
+        print(f"{name:<{width}} {value:>10,.0f} {step_ms:>8.1f} {value * per_token / peak:>6.1%}  {rounds}")
+    print()
+    for label, value in ratios(median).items():
+        print(f"{label}: {value:.3f}x")
     if args.json:
         record = {
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.processor()
             or platform.machine(), "threads": torch.get_num_threads(), "args": vars(args),
-            "peak_flops": peak, "flops_per_token": per_token, "tokens_per_s": results,
+            "peak_flops": peak, "flops_per_token": per_token, "tokens_per_s": results, "ratios": ratios(median),
         }  # fmt: skip
         with open(args.json, "w") as handle:
             json.dump(record, handle, indent=1)

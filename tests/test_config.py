@@ -86,3 +86,28 @@ def test_vit_fast_dev_run_writes_outputs(tmp_outputs: Path) -> None:
     assert (runs[0] / ".hydra" / "config.yaml").is_file()
     metrics = json.loads((runs[0] / "metrics.json").read_text())
     assert 0.0 <= metrics["test/acc"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["experiment=gpt_shakespeare_char"], "bf16-mixed"),  # the recipe's default (#19: fastest at equal loss)
+        (["experiment=gpt_shakespeare_char", "trainer.precision=32-true"], None),
+        (["model=gpt"], None),  # fp32 wherever a config does not choose otherwise
+    ],
+)
+def test_the_precision_a_config_chooses_is_the_trainers(overrides: list[str], expected: str | None, tmp_path) -> None:
+    from omegaconf import open_dict, read_write
+
+    from zoo.app.pipeline import build
+    from zoo.training.precision import MixedPrecision
+
+    cfg = compose_config([*overrides, "logger=none"], tmp_path)
+    with read_write(cfg.hydra), open_dict(cfg.hydra):  # as in a run: Hydra sets these at launch
+        cfg.hydra.job.num, cfg.hydra.runtime.output_dir = 0, str(tmp_path)
+    _, _, trainer = build(cfg)
+    plugin = trainer.precision_plugin
+    if expected is None:
+        assert not isinstance(plugin, MixedPrecision) and plugin.precision == "32-true"
+    else:
+        assert isinstance(plugin, MixedPrecision) and plugin.precision == expected

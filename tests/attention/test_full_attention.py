@@ -92,3 +92,31 @@ def test_fully_padded_query_rows_give_zeros_and_finite_gradients() -> None:
     assert out[1, :, :2].abs().max() == 0 and out[1, :, 2:].abs().max() > 0
     ours(x, key_padding_mask=padding).sum().backward()
     assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["is_causal", "float-mask"])
+def test_low_precision_training_on_cpu_attends_in_fp32(masked: bool) -> None:
+    """bf16 q, k, v that need gradients go through fp32 SDPA (the CPU's bf16 backward is several times slower):
+    the output and gradients are fp32 SDPA's on the same numbers, returned in bf16; without gradients bf16 stays."""
+    from zoo.attention.functional import sdpa
+
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 16, 8, generator=generator).bfloat16() for _ in range(3))
+    options = {"attn_mask": torch.randn(16, 16, generator=generator).bfloat16()} if masked else {"is_causal": True}
+    ours = [t.clone().requires_grad_() for t in (q, k, v)]
+    reference = [t.float().requires_grad_() for t in (q, k, v)]
+    out = sdpa(*ours, **options)
+    fp32_options = {"attn_mask": options["attn_mask"].float()} if masked else options
+    expected = torch.nn.functional.scaled_dot_product_attention(*reference, **fp32_options)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected.bfloat16(), atol=0, rtol=0)
+    grad = torch.randn(out.shape, generator=generator).bfloat16()
+    out.backward(grad)
+    expected.backward(grad.float())
+    for mine, theirs in zip(ours, reference):
+        assert mine.grad.dtype == torch.bfloat16
+        torch.testing.assert_close(mine.grad, theirs.grad.bfloat16(), atol=0, rtol=0)
+    with torch.no_grad():  # inference keeps the bf16 kernel (its forward is the faster one)
+        torch.testing.assert_close(
+            sdpa(q, k, v, **options), torch.nn.functional.scaled_dot_product_attention(q, k, v, **options)
+        )

@@ -33,6 +33,22 @@ def test_digits_splits_are_disjoint_sized_and_deterministic() -> None:
     assert set(labels.tolist()) <= set(range(10))
 
 
+@pytest.mark.parametrize("augment", [False, True])
+def test_deterministic_transforms_run_once_up_front_with_the_same_pixels(augment: bool) -> None:
+    dm = DigitsDataModule(batch_size=32, augment=augment, image_size=12)  # a resize, then ToDtype + Normalize
+    dm.setup()
+    for split in (dm.val_set, dm.test_set):
+        assert split.prepared is not None and split.images.dtype == torch.uint8  # originals kept (write_examples)
+        for index in (0, 7, len(split) - 1):
+            torch.testing.assert_close(split[index][0], split.transform(split.images[index]), atol=1e-6, rtol=0)
+    train = dm.train_set
+    if augment:  # random shifts: drawn per sample, per epoch
+        assert train.prepared is None and any(not torch.equal(train[3][0], train[3][0]) for _ in range(20))
+    else:
+        assert train.prepared is not None and torch.equal(train[3][0], train.prepared[3])
+        torch.testing.assert_close(train[3][0], train.transform(train.images[3]), atol=1e-6, rtol=0)
+
+
 def test_digits_split_is_stratified() -> None:
     dm = DigitsDataModule()
     dm.setup()

@@ -21,7 +21,7 @@ from zoo.attention.blockwise import blocked_windows, fused_kernel_applies
 from zoo.attention.cache import RollingKVCache, new_tokens_padding
 from zoo.attention.contract import Kernel, ScoreBias
 from zoo.attention.flex import flex_pattern_attention, resolve_backend
-from zoo.attention.functional import additive_mask, dot_product_attention, evaluate_bias, masked_attention
+from zoo.attention.functional import additive_mask, dot_product_attention, evaluate_bias, masked_attention, sdpa
 from zoo.errors import check_positive_int
 
 # Queries per block, chosen by measurement (experiments/results/recipes.md):
@@ -166,7 +166,7 @@ def _blockwise_sliding_window(
         if block_bias is not None:
             mask = mask + block_bias
         gqa = heads != k.shape[1]
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
+        out = sdpa(queries, keys, values, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
     else:
         allowed = _block_allowed(batch, length, window, causal, block, key_padding_mask, q.device)
         out, _ = masked_attention(queries, keys, values, allowed[:, None], dropout_p, bias=block_bias)

@@ -35,29 +35,31 @@ class ClassificationTask(ZooTask):
         num_classes = self.net.config.num_classes
         metric = lambda: torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
         self.train_acc, self.val_acc, self.test_acc = metric(), metric(), metric()
+        self.train_loss, self.val_loss, self.test_loss = (torchmetrics.MeanMetric() for _ in range(3))
         self.test_confusion = torchmetrics.ConfusionMatrix(task="multiclass", num_classes=num_classes)
 
     def build_net(self, net: dict[str, Any], pretrained: str | None) -> torch.nn.Module:
         raise NotImplementedError
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.net(inputs)
+        return self.network()(inputs)
 
     def _step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> torch.Tensor:
         inputs, labels = batch
         logits = self(inputs)
         loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing if stage == "train" else 0.0)
-        accuracy = getattr(self, f"{stage}_acc")
-        accuracy(logits, labels)
-        on_step = stage == "train"
-        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, batch_size=len(labels))
-        self.log(f"{stage}/acc", accuracy, on_step=False, on_epoch=True, prog_bar=True)
+        # update, not the metric's forward: that also computes each batch's own accuracy, which nobody logs
+        getattr(self, f"{stage}_acc").update(logits.detach(), labels)
+        getattr(self, f"{stage}_loss").update(loss.detach(), weight=len(labels))
         if stage == "test":
             self.test_confusion.update(logits, labels)
         return loss
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "train")
+        loss = self._step(batch, "train")
+        if self.logging_this_step():  # the step's loss only when a logger writes it (see logging_this_step)
+            self.log("train/loss_step", loss, prog_bar=True)
+        return loss
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._step(batch, "val")
@@ -65,7 +67,21 @@ class ClassificationTask(ZooTask):
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self._step(batch, "test")
 
+    def _log_epoch(self, stage: str, loss_name: str) -> None:
+        """Loss (mean over the epoch's samples) and accuracy of `stage`, summed over all ranks, then reset."""
+        for name, kind in ((loss_name, "loss"), (f"{stage}/acc", "acc")):
+            metric = getattr(self, f"{stage}_{kind}")
+            self.log(name, metric.compute(), prog_bar=True)
+            metric.reset()
+
+    def on_train_epoch_end(self) -> None:
+        self._log_epoch("train", "train/loss_epoch")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val", "val/loss")
+
     def on_test_epoch_end(self) -> None:
+        self._log_epoch("test", "test/loss")
         confusion = self.test_confusion.compute()  # summed over all ranks: every rank must call it
         self.test_confusion.reset()
         if wants_media(self):

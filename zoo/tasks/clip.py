@@ -106,7 +106,7 @@ class CLIPTask(ZooTask):
 
     # -- inference ------------------------------------------------------------------------------------
     def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.net(images, tokens)
+        return self.network()(images, tokens)
 
     # -- training -------------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:

@@ -125,7 +125,7 @@ class TranslationTask(ZooTask):
 
     # -- training -------------------------------------------------------------------------------
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        return self.net(src, tgt)
+        return self.network()(src, tgt)
 
     def _loss(self, batch: dict[str, Any], stage: str) -> torch.Tensor:
         src, tgt = batch["src"], batch["tgt"]
