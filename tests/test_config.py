@@ -93,6 +93,7 @@ def test_vit_fast_dev_run_writes_outputs(tmp_outputs: Path) -> None:
     [
         (["experiment=gpt_shakespeare_char"], "bf16-mixed"),  # the recipe's default (#19: fastest at equal loss)
         (["experiment=gpt_shakespeare_char", "trainer.precision=32-true"], None),
+        (["model=vit"], "bf16-mixed"),  # the main job
         (["model=gpt"], None),  # fp32 wherever a config does not choose otherwise
     ],
 )
