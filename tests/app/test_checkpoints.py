@@ -50,6 +50,26 @@ def test_compile_option_names_a_backend() -> None:
         compile_backend("fast")
 
 
+def test_compile_serves_training_steps_only() -> None:
+    """model.compile: the compiled network in training with gradients; eval and no-grad calls (validation, test,
+    sampling) get the plain one, so they compile nothing; the module tree keeps the plain names."""
+    from zoo.tasks.classification import ImageClassificationTask
+
+    net = {"image_size": 8, "in_channels": 1, "num_classes": 10, "patch_size": 4, "dim": 16, "depth": 1,
+           "num_heads": 2, "mlp_dim": 32}  # fmt: skip
+    task = ImageClassificationTask(net=net, compile="aot_eager")
+    task.configure_model()
+    compiled = task.network()
+    assert compiled is not task.net and isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule)
+    with torch.no_grad():
+        assert task.network() is task.net
+    assert task.eval().network() is task.net
+    assert not any("_orig_mod" in name for name in task.state_dict())
+    plain = ImageClassificationTask(net=net)
+    plain.configure_model()
+    assert plain.train().network() is plain.net
+
+
 def test_a_compiled_run_and_an_older_compiled_checkpoint_load_for_test_and_as_pretrained(tmp_path, capsys) -> None:
     compiled = train([*VIT, *ONE_EPOCH, "model.compile=aot_eager"], tmp_path / "compiled", capsys)
     names = list(torch.load(compiled, weights_only=True)["state_dict"])

@@ -68,7 +68,7 @@ class ClassificationTask(ZooTask):
         self._step(batch, "test")
 
     def _log_epoch(self, stage: str, loss_name: str) -> None:
-        """Loss (mean over the epoch's samples) and accuracy of `stage`, summed over all ranks, then reset."""
+        """Loss (mean over the epoch's samples) and accuracy of `stage`, over all ranks' samples, then reset."""
         for name, kind in ((loss_name, "loss"), (f"{stage}/acc", "acc")):
             metric = getattr(self, f"{stage}_{kind}")
             self.log(name, metric.compute(), prog_bar=True)
