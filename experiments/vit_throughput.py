@@ -5,9 +5,11 @@
 
 Both models are built with the same shape (class token, pre-norm blocks, GELU MLP of 4x width, LayerNorm
 eps 1e-6, no dropout), and timm's weights are copied into zoo's model first, so the two compute the same
-function (the script checks the logits agree). Two paths per model: training (forward + backward + AdamW
-step on random images and labels) and inference (forward under no_grad). The models take turns for
-`--rounds` rounds and the median images/s per path is reported, so background load hits both alike.
+function (the script checks the logits agree). Two paths per model and precision (`--precisions`: fp32, and
+bf16-mixed, i.e. torch.autocast(bfloat16) as Lightning's flag runs it): training (forward + backward + AdamW
+step on random images and labels) and inference (forward under no_grad). The paths take turns for `--rounds`
+rounds and the median images/s per path is reported, so background load hits all alike. Ratios: zoo / timm at
+each precision, and zoo's fastest precision against timm's fastest (what a user of either gets at best).
 Without timm installed (`pip install -e '.[bench]'`) only zoo's figures are printed.
 """
 
@@ -26,6 +28,8 @@ import torch.nn.functional as F
 
 from zoo.models.vit import ViT, ViTConfig
 
+PRECISIONS = ("32-true", "bf16-mixed")
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -39,6 +43,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per path and round")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS),
+        help="every path in each: 32-true (fp32) and bf16-mixed (torch.autocast(bfloat16))",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", type=str, default=None, help="also write the results to this file")
     return parser.parse_args(argv)
@@ -70,7 +78,11 @@ def copy_timm_into_zoo(timm_vit: torch.nn.Module, zoo_vit: ViT) -> None:
     zoo_vit.load_state_dict(state)
 
 
-def train_speed(model: torch.nn.Module, args: argparse.Namespace) -> float:
+def autocast(precision: str) -> torch.autocast:
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
+
+
+def train_speed(model: torch.nn.Module, args: argparse.Namespace, precision: str = "32-true") -> float:
     """Training images/s: forward, cross-entropy, backward, AdamW step."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
@@ -81,7 +93,8 @@ def train_speed(model: torch.nn.Module, args: argparse.Namespace) -> float:
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             start = time.perf_counter()
-        loss = F.cross_entropy(model(images), labels)
+        with autocast(precision):
+            loss = F.cross_entropy(model(images), labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -89,15 +102,27 @@ def train_speed(model: torch.nn.Module, args: argparse.Namespace) -> float:
 
 
 @torch.no_grad()
-def inference_speed(model: torch.nn.Module, args: argparse.Namespace) -> float:
+def inference_speed(model: torch.nn.Module, args: argparse.Namespace, precision: str = "32-true") -> float:
     images = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
     model.eval()
     start = None
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             start = time.perf_counter()
-        model(images)
+        with autocast(precision):
+            model(images)
     return args.steps * args.batch_size / (time.perf_counter() - start)
+
+
+def ratios(median: dict[str, float], precisions: list[str]) -> dict[str, float]:
+    """zoo / timm images/s per path: at each precision, and zoo's fastest precision against timm's fastest."""
+    out = {}
+    for kind in ("train", "inference"):
+        for p in precisions:
+            out[f"{kind}, {p}"] = median[f"zoo ViT, {kind}, {p}"] / median[f"timm ViT, {kind}, {p}"]
+        best = {name: max(median[f"{name}, {kind}, {p}"] for p in precisions) for name in ("zoo ViT", "timm ViT")}
+        out[f"{kind}, fastest"] = best["zoo ViT"] / best["timm ViT"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -123,33 +148,32 @@ def main(argv: list[str] | None = None) -> dict:
         models["timm ViT"] = reference
 
     paths: dict[str, Callable[[], float]] = {}
-    for name, model in models.items():
-        paths[f"{name}, train"] = lambda model=model: train_speed(model, args)
-        paths[f"{name}, inference"] = lambda model=model: inference_speed(model, args)
+    for precision in args.precisions:
+        for name, model in models.items():
+            paths[f"{name}, train, {precision}"] = lambda m=model, p=precision: train_speed(m, args, p)
+            paths[f"{name}, inference, {precision}"] = lambda m=model, p=precision: inference_speed(m, args, p)
     results: dict[str, list[float]] = {name: [] for name in paths}
     for round_index in range(args.rounds):
         for name, run in paths.items():
             results[name].append(run())
-            print(f"round {round_index + 1}: {name:<22} {results[name][-1]:>8,.1f} images/s", flush=True)
+            print(f"round {round_index + 1}: {name:<34} {results[name][-1]:>8,.1f} images/s", flush=True)
 
     median = {name: statistics.median(values) for name, values in results.items()}
     parameters = sum(p.numel() for p in models["zoo ViT"].parameters())
     print(
         f"\nViT image {args.image_size} patch {args.patch_size} dim {args.dim} depth {args.depth} heads {args.heads}: "
-        f"{parameters / 1e6:.2f}M parameters, batch {args.batch_size}, fp32, torch {torch.__version__}, "
+        f"{parameters / 1e6:.2f}M parameters, batch {args.batch_size}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads\n"
     )
     for name, value in median.items():
-        print(f"{name:<22} {value:>8,.1f} images/s  rounds: {', '.join(f'{v:,.1f}' for v in results[name])}")
-    ratios = {}
-    if reference is not None:
-        for kind in ("train", "inference"):
-            ratios[kind] = median[f"zoo ViT, {kind}"] / median[f"timm ViT, {kind}"]
-            print(f"zoo / timm, {kind}: {ratios[kind]:.3f}x")
+        print(f"{name:<34} {value:>8,.1f} images/s  rounds: {', '.join(f'{v:,.1f}' for v in results[name])}")
+    out = ratios(median, args.precisions) if reference is not None else {}
+    for name, value in out.items():
+        print(f"zoo / timm, {name}: {value:.3f}x")
     record = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-        "args": vars(args), "parameters": parameters, "images_per_s": results, "median": median, "ratios": ratios,
+        "args": vars(args), "parameters": parameters, "images_per_s": results, "median": median, "ratios": out,
     }  # fmt: skip
     if args.json:
         with open(args.json, "w") as handle:

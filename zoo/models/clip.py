@@ -25,7 +25,7 @@ from torch import nn
 
 from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, TokenLayout
 from zoo.models.vit import ViT, ViTConfig
-from zoo.nn import ModelConfig
+from zoo.nn import Dropout, ModelConfig
 from zoo.nn.activations import from_huggingface_activation
 from zoo.nn.encoder import EncoderTrunk
 from zoo.weights import read_weights
@@ -77,7 +77,7 @@ class TextTransformer(EncoderTrunk):
         self.token_embedding = nn.Embedding(config.vocab_size, config.dim)
         relative = config.attention.relative_positions  # RoPE or a position bias: positions act inside attention
         self.pos_embed = None if relative else LearnedPositionalEmbedding(config.dim, config.max_length)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         # No head: CLIP projects the pooled state (text_projection).
         self.build_trunk(config, TokenLayout(max_length=config.max_length), causal=True, norm_bias=config.bias)
         self._init_weights()

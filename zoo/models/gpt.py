@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, TokenLayout
-from zoo.nn import ModelConfig, transformer_stack
+from zoo.nn import Dropout, ModelConfig, transformer_stack
 from zoo.nn.activations import from_huggingface_activation, to_huggingface_activation
 
 
@@ -63,7 +63,7 @@ class GPT(nn.Module):
         # RoPE and position biases act inside attention, so no absolute table is added.
         relative = config.attention.relative_positions
         self.wpe = None if relative else LearnedPositionalEmbedding(config.n_embd, config.block_size)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.blocks = transformer_stack(
             config.n_layer,
             config.n_embd,

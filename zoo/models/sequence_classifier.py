@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, TokenLayout
-from zoo.nn import POOLINGS, EncoderTrunk, ModelConfig, pool_tokens
+from zoo.nn import POOLINGS, Dropout, EncoderTrunk, ModelConfig, pool_tokens
 
 
 @dataclass
@@ -70,7 +70,7 @@ class SequenceClassifier(EncoderTrunk):
         prefix = 1 if self.cls_token is not None else 0
         layout = TokenLayout(max_length=prefix + config.max_length, prefix_tokens=prefix)
         self.pos_embed = None if config.attention.rope else LearnedPositionalEmbedding(config.dim, layout.max_length)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.build_trunk(config, layout, norm_bias=config.bias)
         self._init_weights()
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, SinusoidalPositionalEmbedding, TokenLayout
-from zoo.nn import ModelConfig, transformer_stack
+from zoo.nn import Dropout, ModelConfig, transformer_stack
 
 # Tables added to the embeddings (sinusoidal, learned) or positions inside attention (rope, alibi, t5).
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "t5")
@@ -111,7 +111,7 @@ class TranslationTransformer(nn.Module):
             self.target_positions = LearnedPositionalEmbedding(c.dim, c.max_length)
         else:
             self.source_positions = self.target_positions = None
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
         def stack(depth: int, decoder: bool) -> nn.ModuleList:
             return transformer_stack(

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.attention import AttentionConfig, TokenLayout
-from zoo.nn import ModelConfig
+from zoo.nn import Dropout, ModelConfig
 from zoo.nn.encoder import POOLINGS, EncoderTrunk, pool_tokens
 from zoo.weights import read_weights
 
@@ -82,7 +82,7 @@ class ViT(EncoderTrunk):
         layout = TokenLayout(max_length=prefix + grid * grid, grid=(grid, grid), prefix_tokens=prefix)
         # With RoPE, the patches get 2-D rotary positions inside attention (from the layout's grid) instead.
         self.pos_embed = None if config.attention.rope else nn.Parameter(torch.zeros(1, layout.max_length, config.dim))
-        self.pos_drop = nn.Dropout(config.dropout)
+        self.pos_drop = Dropout(config.dropout)
         self.norm_pre = nn.LayerNorm(config.dim, eps=config.norm_eps) if config.pre_norm else nn.Identity()
         self.build_trunk(config, layout)
         self._init_weights()

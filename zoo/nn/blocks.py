@@ -17,6 +17,7 @@ from torch import nn
 
 from zoo.attention import AttentionConfig, MultiHeadAttention, TokenLayout
 from zoo.nn.activations import get_activation
+from zoo.nn.dropout import Dropout
 
 
 class MLP(nn.Module):
@@ -26,7 +27,7 @@ class MLP(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
         self.act = get_activation(activation)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -83,7 +84,7 @@ class TransformerBlock(nn.Module):
             dim, num_heads, attention, causal=causal, bias=bias, layout=layout, shared_bias=shared_bias
         )
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
-        self.dropout1 = nn.Dropout(dropout)
+        self.dropout1 = Dropout(dropout)
         self.cross_attn = None
         if cross_attention:
             # The encoder's memory is attended to as a whole: no positions, none of the self-attention's options;
@@ -93,10 +94,10 @@ class TransformerBlock(nn.Module):
             )
             self.cross_attn = MultiHeadAttention(dim, num_heads, cross, bias=bias)
             self.norm_cross = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
-            self.dropout_cross = nn.Dropout(dropout)
+            self.dropout_cross = Dropout(dropout)
         self.mlp = MLP(dim, mlp_dim or 4 * dim, activation, dropout, bias)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
-        self.dropout2 = nn.Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
         self.drop_path = DropPath(drop_path)
 
     def new_cache(self) -> dict[str, Any]:

@@ -1,0 +1,45 @@
+"""experiments/vit_throughput.py runs (tiny shape, one round) in both precisions and reports zoo / timm ratios."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "experiments"))
+import vit_throughput  # noqa: E402
+
+
+def test_ratios_compare_each_precision_and_each_side_at_its_best() -> None:
+    median = {"zoo ViT, train, 32-true": 100.0, "timm ViT, train, 32-true": 90.0,
+              "zoo ViT, train, bf16-mixed": 150.0, "timm ViT, train, bf16-mixed": 60.0,
+              "zoo ViT, inference, 32-true": 300.0, "timm ViT, inference, 32-true": 310.0,
+              "zoo ViT, inference, bf16-mixed": 500.0, "timm ViT, inference, bf16-mixed": 400.0}  # fmt: skip
+    ratios = vit_throughput.ratios(median, ["32-true", "bf16-mixed"])
+    assert ratios["train, 32-true"] == 100.0 / 90.0 and ratios["train, bf16-mixed"] == 150.0 / 60.0
+    assert ratios["train, fastest"] == 150.0 / 90.0  # timm's best is its fp32 step here
+    assert ratios["inference, fastest"] == 500.0 / 400.0
+
+
+def test_the_benchmark_runs_both_models_in_both_precisions(tmp_path) -> None:
+    pytest.importorskip("timm")
+    out = tmp_path / "vit.json"
+    args = ["--image-size", "16", "--patch-size", "8", "--dim", "32", "--depth", "1", "--heads", "2",
+            "--batch-size", "2", "--steps", "1", "--warmup", "1", "--rounds", "1", "--threads", "1",
+            "--json", str(out)]  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "vit_throughput.py"), *args],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    paths = {
+        f"{m} ViT, {k}, {p}" for m in ("zoo", "timm") for k in ("train", "inference") for p in vit_throughput.PRECISIONS
+    }
+    assert set(record["images_per_s"]) == paths
+    assert all(value > 0 for values in record["images_per_s"].values() for value in values)
+    assert {"train, 32-true", "train, bf16-mixed", "train, fastest", "inference, fastest"} <= set(record["ratios"])
