@@ -43,3 +43,18 @@ def test_the_benchmark_runs_both_models_in_both_precisions(tmp_path) -> None:
     assert set(record["images_per_s"]) == paths
     assert all(value > 0 for values in record["images_per_s"].values() for value in values)
     assert {"train, 32-true", "train, bf16-mixed", "train, fastest", "inference, fastest"} <= set(record["ratios"])
+
+
+def test_the_results_page_names_each_ratio_and_the_target_of_the_fastest(tmp_path) -> None:
+    from experiments import reproduce
+
+    median = {f"{m} ViT, {k}, {p}": 1.0 for m in ("zoo", "timm") for k in ("train", "inference")
+              for p in vit_throughput.PRECISIONS}  # fmt: skip
+    record = {"args": {"image_size": 64, "patch_size": 8, "dim": 192, "depth": 12, "heads": 3, "batch_size": 32,
+                       "rounds": 3, "precisions": list(vit_throughput.PRECISIONS)},
+              "parameters": 5.4e6, "threads": 2, "median": median,
+              "ratios": {"train, 32-true": 0.95, "train, fastest": 1.5}}  # fmt: skip
+    section, headline = reproduce.speed_markdown(None, record, None, tmp_path)
+    assert "| ViT training images/s (fastest), zoo / timm | 1.500x | >= 1.2x |" in headline
+    assert "| ViT training images/s (32-true), zoo / timm | 0.950x | - |" in headline
+    assert "32-true and bf16-mixed" in section and "zoo / timm, train, fastest: **1.500x**" in section
