@@ -20,7 +20,7 @@ def test_dropout_computes_x_times_mask_times_scale_in_x_dtype_with_that_gradient
     y = dropout(x, 0.25)
     kept = (y != 0).to(dtype)
     assert y.dtype == dtype
-    assert torch.equal(y, x.detach() * kept * (1 / 0.75))  # F.dropout's own arithmetic: x * mask * scale
+    assert torch.equal(y, x.detach() * kept * (1 / 0.75))  # x * mask * 1/(1-p), as F.dropout computes in fp32
     y.backward(torch.ones_like(y))
     assert torch.equal(x.grad, kept * (1 / 0.75))
 

@@ -38,7 +38,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         mask = keep.astype(_NUMPY_FLOATS[x.dtype])
         mask *= scale  # folded into the mask: one multiply of x, the same numbers as F.dropout's x * mask * scale
         return x * torch.from_numpy(mask).view(x.shape)
-    # bf16 / fp16: the scale is applied in x's arithmetic as F.dropout does (a mask holding it would round it)
+    # bf16 / fp16: x * mask * 1/(1-p) in x's arithmetic, the scale unrounded (torch's bf16 kernel rounds it first)
     mask = keep.astype(np.int16)
     mask *= np.int16(_HALF_ONE_BITS[x.dtype])
     return x * torch.from_numpy(mask).view(x.dtype).view(x.shape) * scale
