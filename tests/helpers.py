@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,6 +50,16 @@ def run_cli(
         timeout=timeout,
         env=full_env,
     )
+
+
+def run_benchmark(script: str, args: list[str], out: Path, timeout: float = 300) -> dict:
+    """Run `python experiments/<script> <args> --json <out>` and return the JSON record it wrote."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / script), *args, "--json", str(out)],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
 
 
 def start(args: list[str], env: dict | None = None) -> subprocess.Popen:

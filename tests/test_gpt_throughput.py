@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_benchmark
 
 sys.path.insert(0, str(ROOT / "experiments"))
 import gpt_throughput  # noqa: E402
@@ -25,13 +23,8 @@ def test_ratios_compare_the_right_paths() -> None:
 def test_the_benchmark_runs_every_path_in_both_precisions(tmp_path) -> None:
     out = tmp_path / "throughput.json"
     args = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "8", "--batch-size", "2",
-            "--steps", "2", "--warmup", "1", "--rounds", "1", "--threads", "1", "--json", str(out)]  # fmt: skip
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "experiments" / "gpt_throughput.py"), *args],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    record = json.loads(out.read_text())
+            "--steps", "2", "--warmup", "1", "--rounds", "1", "--threads", "1"]  # fmt: skip
+    record = run_benchmark("gpt_throughput.py", args, out)
     zoo_paths = {f"zoo GPT, {loop}, {p}" for loop in ("plain loop", "Lightning") for p in ("32-true", "bf16-mixed")}
     assert zoo_paths <= set(record["tokens_per_s"])
     assert all(value > 0 for values in record["tokens_per_s"].values() for value in values)

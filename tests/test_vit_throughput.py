@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_benchmark
 
 sys.path.insert(0, str(ROOT / "experiments"))
 import vit_throughput  # noqa: E402
@@ -29,14 +27,8 @@ def test_the_benchmark_runs_both_models_in_both_precisions(tmp_path) -> None:
     pytest.importorskip("timm")
     out = tmp_path / "vit.json"
     args = ["--image-size", "16", "--patch-size", "8", "--dim", "32", "--depth", "1", "--heads", "2",
-            "--batch-size", "2", "--steps", "1", "--warmup", "1", "--rounds", "1", "--threads", "1",
-            "--json", str(out)]  # fmt: skip
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "experiments" / "vit_throughput.py"), *args],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    record = json.loads(out.read_text())
+            "--batch-size", "2", "--steps", "1", "--warmup", "1", "--rounds", "1", "--threads", "1"]  # fmt: skip
+    record = run_benchmark("vit_throughput.py", args, out)
     paths = {
         f"{m} ViT, {k}, {p}" for m in ("zoo", "timm") for k in ("train", "inference") for p in vit_throughput.PRECISIONS
     }
