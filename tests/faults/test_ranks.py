@@ -58,18 +58,20 @@ def test_rank_zero_killed_mid_epoch_the_survivor_stops_and_auto_resume_matches(d
 @pytest.mark.slow
 def test_rank_one_killed_mid_epoch_ends_rank_zero_within_seconds_and_auto_resume_matches(ddp_reference, tmp_path):
     # Rank 1 is rank 0's child: rank 0 sees the closed connection and prints the line, unless Lightning's watchdog
-    # of its children (it polls every 5 s) kills it first, with a line of its own. Either way nothing hangs.
+    # of its children (it polls every 5 s) kills it first, with a line of its own; or it prints the line and the
+    # watchdog kills it before it has exited (CI saw that race). Either way nothing hangs.
     killed = fault("KillAtStep", tmp_path / "fired", step=7, rank=1)
     code, out, err, _ = run([*DDP, f"paths.log_dir={tmp_path}", *killed], timeout=300)
     after_the_kill = time.time() - (tmp_path / "fired").stat().st_mtime
     run_dir = only_run_dir(tmp_path)
     last = run_dir / "checkpoints" / "last.ckpt"
     ours = [line for line in err.splitlines() if line.startswith("error: ")]
-    if code == 3:
+    assert code in (3, -9) and len(ours) <= 1, (code, err[-3000:])
+    if code == 3 or ours:
         assert len(ours) == 1 and "another process of this 2-process run died or stopped answering" in ours[0], err
         assert f"the last good checkpoint is kept: {last} (step 5)" in ours[0]
     else:
-        assert code == -9 and not ours and "terminated with code -9" in out + err, (code, err[-3000:])
+        assert "terminated with code -9" in out + err, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert after_the_kill < 60, after_the_kill
     assert read_checkpoint(last)["global_step"] == 5
