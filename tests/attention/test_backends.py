@@ -134,7 +134,8 @@ def test_full_attention_calls_sdpa_without_a_mask_when_is_causal_suffices(monkey
         return original(*args, **kwargs)
 
     monkeypatch.setattr(functional_module.F, "scaled_dot_product_attention", spy)
-    MultiHeadAttention(32, 4, causal=True)(torch.randn(2, 40, 32))
+    long_enough = functional_module.COMPOSITE_MAX_KEYS + 16  # shorter sequences take the composite on the CPU
+    MultiHeadAttention(32, 4, causal=True)(torch.randn(2, long_enough, 32))
     assert seen == [(None, True)]
 
 

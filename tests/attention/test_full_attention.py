@@ -98,11 +98,12 @@ def test_fully_padded_query_rows_give_zeros_and_finite_gradients() -> None:
 def test_low_precision_training_on_cpu_attends_in_fp32(masked: bool) -> None:
     """bf16 q, k, v that need gradients go through fp32 SDPA (the CPU's bf16 backward is several times slower):
     the output and gradients are fp32 SDPA's on the same numbers, returned in bf16; without gradients bf16 stays."""
-    from zoo.attention.functional import sdpa
+    from zoo.attention.functional import COMPOSITE_MAX_KEYS, sdpa
 
+    n = COMPOSITE_MAX_KEYS + 16  # the fused kernel's path (shorter sequences take the composite)
     generator = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(2, 4, 16, 8, generator=generator).bfloat16() for _ in range(3))
-    options = {"attn_mask": torch.randn(16, 16, generator=generator).bfloat16()} if masked else {"is_causal": True}
+    q, k, v = (torch.randn(2, 4, n, 8, generator=generator).bfloat16() for _ in range(3))
+    options = {"attn_mask": torch.randn(n, n, generator=generator).bfloat16()} if masked else {"is_causal": True}
     ours = [t.clone().requires_grad_() for t in (q, k, v)]
     reference = [t.float().requires_grad_() for t in (q, k, v)]
     out = sdpa(*ours, **options)
@@ -120,3 +121,71 @@ def test_low_precision_training_on_cpu_attends_in_fp32(masked: bool) -> None:
         torch.testing.assert_close(
             sdpa(q, k, v, **options), torch.nn.functional.scaled_dot_product_attention(q, k, v, **options)
         )
+
+
+def _composite_cases() -> dict[str, tuple[tuple[int, int, int], dict]]:
+    """name -> ((query heads, queries, keys), SDPA options), each on a short sequence."""
+    generator = torch.Generator().manual_seed(5)
+    float_mask = torch.randn(12, 20, generator=generator)
+    float_mask[3] = float("-inf")  # a query row with no key: zeros, as the fused kernel gives
+    bool_mask = torch.rand(2, 1, 12, 20, generator=generator) > 0.3
+    bool_mask[1, 0, 4] = False
+    return {
+        "no-mask": ((4, 20, 20), {}),
+        "is_causal": ((4, 20, 20), {"is_causal": True}),
+        "is_causal-fewer-queries": ((4, 12, 20), {"is_causal": True}),  # SDPA's top-left aligned triangle
+        "float-mask": ((4, 12, 20), {"attn_mask": float_mask}),
+        "bool-mask": ((4, 12, 20), {"attn_mask": bool_mask}),
+        "grouped-kv-heads": ((4, 20, 20), {"enable_gqa": True, "is_causal": True}),
+        "scale": ((4, 20, 20), {"scale": 0.3}),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", list(_composite_cases()))
+def test_short_sequences_take_the_composite_and_match_fused_sdpa(case: str, dtype: torch.dtype, monkeypatch) -> None:
+    """At most COMPOSITE_MAX_KEYS keys on the CPU: softmax(q k^T * scale + mask) v in plain ops (in fp32 for
+    bf16 inputs), the fused kernel's output and gradients to fp32 rounding; the fused kernel is not called."""
+    from zoo.attention import functional
+
+    (heads, q_len, k_len), options = _composite_cases()[case]
+    kv_heads = 2 if options.get("enable_gqa") else heads
+    generator = torch.Generator().manual_seed(7)
+    shapes = [(2, heads, q_len, 16), (2, kv_heads, k_len, 16), (2, kv_heads, k_len, 16)]
+    inputs = [torch.randn(shape, generator=generator).to(dtype) for shape in shapes]
+    ours = [t.clone().requires_grad_() for t in inputs]
+    reference = [t.float().requires_grad_() for t in inputs]
+    expected = torch.nn.functional.scaled_dot_product_attention(*reference, **options)
+    fused = functional.F.scaled_dot_product_attention
+    monkeypatch.setattr(functional.F, "scaled_dot_product_attention", lambda *a, **kw: pytest.fail("fused kernel"))
+    out = functional.sdpa(*ours, **options)
+    assert out.dtype == dtype
+    # bf16: one rounding of fp32 results equal to ~1e-6, which may flip the last of bf16's 8 bits
+    tolerance = {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 8e-3}
+    torch.testing.assert_close(out, expected.to(dtype), **tolerance)
+    grad = torch.randn(out.shape, generator=generator).to(dtype)
+    out.backward(grad)
+    expected.backward(grad.float())
+    for mine, theirs in zip(ours, reference):
+        assert mine.grad.dtype == dtype and torch.isfinite(mine.grad).all()
+        torch.testing.assert_close(mine.grad, theirs.grad.to(dtype), **tolerance)
+    monkeypatch.setattr(functional.F, "scaled_dot_product_attention", fused)
+    with torch.no_grad():
+        fp32 = functional.sdpa(*(t.float() for t in inputs), **options)
+    torch.testing.assert_close(fp32, expected.detach(), atol=1e-6, rtol=1e-5)
+
+
+def test_longer_sequences_and_attention_dropout_keep_the_fused_kernel(monkeypatch) -> None:
+    from zoo.attention import functional
+
+    calls = []
+    fused = functional.F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        functional.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(kw) or fused(*a, **kw)
+    )
+    short, long = (torch.randn(1, 2, n, 8) for n in (functional.COMPOSITE_MAX_KEYS, functional.COMPOSITE_MAX_KEYS + 1))
+    functional.sdpa(short, short, short)
+    assert calls == []
+    functional.sdpa(long, long, long)
+    functional.sdpa(short, short, short, dropout_p=0.5)
+    assert len(calls) == 2 and calls[1]["dropout_p"] == 0.5

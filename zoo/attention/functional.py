@@ -9,18 +9,59 @@ import math
 import torch
 import torch.nn.functional as F
 
+# At or below this many keys the composite q k^T -> softmax -> @ v beats the fused CPU kernel, whose blocking
+# costs more than the arithmetic there: 1.1-2.6x forward+backward for n <= 64, heads of 16-64 (recipes.md).
+COMPOSITE_MAX_KEYS = 64
+
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options) -> torch.Tensor:
-    """F.scaled_dot_product_attention, except that training in bf16/fp16 on the CPU runs it in fp32: there the
-    fused kernel's low-precision backward is 4-14x slower than its fp32 one for heads of 16-64 dims (measured:
-    (12, 4, 64, 32) causal, fwd+bwd 7.2 vs 1.6 ms), more than the whole rest of a small GPT's step."""
-    if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16) or not _needs_grad(q, k, v):
+    """F.scaled_dot_product_attention, with two CPU exceptions, both exact to fp32 rounding: short sequences
+    (<= COMPOSITE_MAX_KEYS keys, no attention dropout) take the composite formula in fp32, and training in
+    bf16/fp16 runs the fused kernel in fp32: its low-precision backward is 4-14x slower than its fp32 one for
+    heads of 16-64 dims (measured: (12, 4, 64, 32) causal, fwd+bwd 7.2 vs 1.6 ms)."""
+    if q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, **options)
-    mask = options.get("attn_mask")
-    if mask is not None and mask.is_floating_point():
-        options = {**options, "attn_mask": mask.float()}
+    low_precision = q.dtype in (torch.bfloat16, torch.float16)
+    # (an exported graph keeps the one SDPA op that ONNX and other runtimes map to their own kernels)
+    if k.shape[-2] <= COMPOSITE_MAX_KEYS and not options.get("dropout_p") and not torch.compiler.is_exporting():
+        kernel = _composite_sdpa
+    elif low_precision and _needs_grad(q, k, v):
+        kernel = F.scaled_dot_product_attention
+    else:
+        return F.scaled_dot_product_attention(q, k, v, **options)
     with torch.autocast("cpu", enabled=False):
-        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **options).to(q.dtype)
+        if not low_precision:
+            return kernel(q, k, v, **options)
+        mask = options.get("attn_mask")
+        if mask is not None and mask.is_floating_point():
+            options = {**options, "attn_mask": mask.float()}
+        return kernel(q.float(), k.float(), v.float(), **options).to(q.dtype)
+
+
+def _composite_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """F.scaled_dot_product_attention's arithmetic in plain ops, without dropout; a query row whose keys are
+    all masked gives zeros, as the fused kernel's does."""
+    if enable_gqa:
+        k, v = repeat_kv(k, q.shape[1] // k.shape[1]), repeat_kv(v, q.shape[1] // v.shape[1])
+    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if is_causal:  # SDPA's causal mask is the top-left aligned lower triangle
+        scores = scores.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device, offset=0).logical_not(), -math.inf)
+    if attn_mask is None:
+        return scores.softmax(dim=-1) @ v
+    if attn_mask.dtype == torch.bool:
+        scores = scores.masked_fill(attn_mask.logical_not(), -math.inf)
+    else:
+        scores = scores + attn_mask
+    return torch.ops.aten._safe_softmax(scores, -1) @ v  # softmax that gives 0, not NaN, on an all -inf row
 
 
 def _needs_grad(*tensors: torch.Tensor) -> bool:
