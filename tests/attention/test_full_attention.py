@@ -136,6 +136,7 @@ def _composite_cases() -> dict[str, tuple[tuple[int, int, int], dict]]:
         "is_causal-fewer-queries": ((4, 12, 20), {"is_causal": True}),  # SDPA's top-left aligned triangle
         "float-mask": ((4, 12, 20), {"attn_mask": float_mask}),
         "bool-mask": ((4, 12, 20), {"attn_mask": bool_mask}),
+        "float-mask-of-keys": ((4, 12, 20), {"attn_mask": float_mask[:1, None, None, :]}),  # (1, 1, 1, S)
         "grouped-kv-heads": ((4, 20, 20), {"enable_gqa": True, "is_causal": True}),
         "scale": ((4, 20, 20), {"scale": 0.3}),
     }
