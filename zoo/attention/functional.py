@@ -15,17 +15,24 @@ COMPOSITE_MAX_KEYS = 64
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options) -> torch.Tensor:
-    """F.scaled_dot_product_attention, with two CPU exceptions, both exact to fp32 rounding: short sequences
-    (<= COMPOSITE_MAX_KEYS keys, no attention dropout) take the composite formula in fp32, and training in
-    bf16/fp16 runs the fused kernel in fp32: its low-precision backward is 4-14x slower than its fp32 one for
+    """F.scaled_dot_product_attention, with two CPU exceptions for training, both exact to fp32 rounding: short
+    sequences (<= COMPOSITE_MAX_KEYS keys, no attention dropout) take the composite formula in fp32, and long
+    ones in bf16/fp16 run the fused kernel in fp32: its low-precision backward is 4-14x slower than its fp32 one for
     heads of 16-64 dims (measured: (12, 4, 64, 32) causal, fwd+bwd 7.2 vs 1.6 ms)."""
     if q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, **options)
     low_precision = q.dtype in (torch.bfloat16, torch.float16)
-    # (an exported graph keeps the one SDPA op that ONNX and other runtimes map to their own kernels)
-    if k.shape[-2] <= COMPOSITE_MAX_KEYS and not options.get("dropout_p") and not torch.compiler.is_exporting():
+    training = _needs_grad(q, k, v)
+    # Inference keeps the fused kernel (its bf16 forward beat the composite in fp32 1.7x: recipes.md); an
+    # exported graph keeps the one SDPA op that runtimes map to their own kernels.
+    if (
+        training
+        and k.shape[-2] <= COMPOSITE_MAX_KEYS
+        and not options.get("dropout_p")
+        and not torch.compiler.is_exporting()
+    ):
         kernel = _composite_sdpa
-    elif low_precision and _needs_grad(q, k, v):
+    elif low_precision and training:
         kernel = F.scaled_dot_product_attention
     else:
         return F.scaled_dot_product_attention(q, k, v, **options)
