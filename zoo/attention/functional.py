@@ -83,6 +83,7 @@ def _composite_sdpa(
 
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool (True = may attend) or additive float mask as an additive float one."""
     return additive_mask(mask, dtype) if mask.dtype == torch.bool else mask
 
 
@@ -173,8 +174,8 @@ def masked_attention(
         groups = q.shape[1] // k.shape[1]
         out, probs = softmax_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), mask, dropout_p)
     else:
-        if mask is not None and mask.dtype == torch.bool:
-            mask = additive_mask(mask, q.dtype)
+        if mask is not None:
+            mask = _additive(mask, q.dtype)
         gqa = q.shape[1] != k.shape[1]
         out = sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
         probs = None
