@@ -126,6 +126,32 @@ def test_chunked_band_matches_masked_attention_across_chunks(
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("length", "window", "causal"), [(131, 16, True), (97, 33, False), (300, 100, True)])
+def test_chunked_band_forward_and_backward_may_block_the_queries_differently(
+    length: int, window: int, causal: bool, monkeypatch
+) -> None:
+    """With block_size=None the forward blocks the queries by FORWARD_BLOCK_SIZE and the backward by
+    DEFAULT_BLOCK_SIZE (given each query's log-sum-exp; the backward's padded query slots get +inf): outputs and
+    gradients still equal the formula, the lengths not multiples of either block."""
+    monkeypatch.setattr(local_module, "FORWARD_BLOCK_SIZE", 8)
+    monkeypatch.setattr(local_module, "DEFAULT_BLOCK_SIZE", 16)
+    monkeypatch.setattr(local_module, "FORWARD_CHUNK_QUERIES", 40)  # 5 forward blocks per chunk
+    monkeypatch.setattr(local_module, "CHUNK_QUERIES", 32)
+    blocks = []
+    apply = local_module._ChunkedBand.apply
+    monkeypatch.setattr(local_module._ChunkedBand, "apply", lambda *args: blocks.append(args[-1]) or apply(*args))
+    generator = torch.Generator().manual_seed(length)
+    q, k, v = (torch.randn(2, 2, length, 8, generator=generator, requires_grad=True) for _ in range(3))
+    out, _ = sliding_window_attention(q, k, v, window, causal=causal)
+    expected = reference_softmax_attention(q, k, v, banded_mask(length, window, causal)[None, None])
+    assert blocks == [(8, 16)]
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    grad = torch.randn(out.shape, generator=generator)
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_chunked_band_holds_no_tensor_of_every_window() -> None:
     """Forward and backward hold nothing larger than one (n, D) input or one chunk's mask: the blocks' key
     windows ((n / block) x (block + window) keys, twice the keys here) and their masks exist a chunk at a time,
