@@ -415,8 +415,9 @@ class LocalAttention(Kernel):
     """Sliding-window attention with a rolling cache of `window` keys for decoding.
 
     Options: `window` (keys per query), `chunk_size` (query block length of the blockwise kernel; None:
-    the measured default, 64). Backends (attention.backend): blockwise (the CPU's auto), flex (CUDA's
-    auto; zoo/attention/flex.py), sdpa (one SDPA call under the dense band mask).
+    the measured defaults, 32 in the CPU's chunked forward and 64 elsewhere). Backends (attention.backend):
+    blockwise (the CPU's auto), flex (CUDA's auto; zoo/attention/flex.py), sdpa (one SDPA call under the dense
+    band mask).
     """
 
     name = "local"
