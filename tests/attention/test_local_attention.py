@@ -88,6 +88,18 @@ def test_local_attention_longer_than_window_uses_blocks_and_matches_reference() 
     assert weights.shape == (2, 2, 100, 100)
 
 
+@pytest.mark.parametrize(("chunk_size", "blocks"), [(None, (32, 64)), (8, (8, 8))])
+def test_chunk_size_sets_the_blocks_of_the_chunked_path(chunk_size, blocks, monkeypatch) -> None:
+    """attention.chunk_size is the query block of the forward and the backward; null leaves the measured
+    defaults (FORWARD_BLOCK_SIZE forward, DEFAULT_BLOCK_SIZE backward)."""
+    seen = []
+    apply = local_module._ChunkedBand.apply
+    monkeypatch.setattr(local_module._ChunkedBand, "apply", lambda *args: seen.append(args[-1]) or apply(*args))
+    module = MultiHeadAttention(16, 2, variant="local", window=64, causal=True, chunk_size=chunk_size)
+    module(torch.randn(1, 300, 16)).sum().backward()
+    assert seen == [blocks]
+
+
 CHUNKED_CASES = [  # (batch, length, window, block, kv heads, causal): chunks of 32 queries, windows of whole
     # blocks or not, the last block and chunk partial, grouped key/value heads
     (2, 150, 16, 8, 2, True),

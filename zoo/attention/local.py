@@ -430,8 +430,7 @@ class LocalAttention(Kernel):
         check_positive_int("attention.window (variant 'local')", window)
         check_positive_int("attention.chunk_size", chunk_size, allow_none=True)
         self.window = window
-        self.chunk_size = chunk_size
-        self.block_size = chunk_size  # None: the measured defaults
+        self.chunk_size = chunk_size  # None: the measured defaults
 
     def forward(
         self,
@@ -452,7 +451,7 @@ class LocalAttention(Kernel):
             return out, None
         return sliding_window_attention(
             q, k, v, self.window, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
-            need_weights=need_weights, block_size=self.block_size, bias=bias, dense=backend == "sdpa",
+            need_weights=need_weights, block_size=self.chunk_size, bias=bias, dense=backend == "sdpa",
         )  # fmt: skip
 
     def new_cache(self) -> RollingKVCache:
@@ -476,5 +475,5 @@ class LocalAttention(Kernel):
         keys, values, padding = cache.extend(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
         return sliding_window_attention(
             q, keys, values, self.window, causal=True, key_padding_mask=padding,
-            need_weights=need_weights, block_size=self.block_size, bias=bias, start=cache.offset - keys.shape[2],
+            need_weights=need_weights, block_size=self.chunk_size, bias=bias, start=cache.offset - keys.shape[2],
         )  # fmt: skip
