@@ -56,6 +56,9 @@ def reverse_task_files(folder: Path, seed: int = 0) -> dict[str, str]:
     return files
 
 
+EPOCHS = 10  # 8 reached test BLEU 88.97 on an AVX2 CPU (Zen 3) and > 90 on an AVX-512 one: rounding differs
+
+
 def test_learns_to_reverse_sequences_to_bleu_above_90(tmp_path: Path) -> None:
     L.seed_everything(0, verbose=False)
     data = ParallelTextDataModule(**reverse_task_files(tmp_path), vocab_size=300, max_tokens=256, max_length=32)
@@ -67,9 +70,9 @@ def test_learns_to_reverse_sequences_to_bleu_above_90(tmp_path: Path) -> None:
         num_samples=2,
     )
     trainer = L.Trainer(
-        max_epochs=8,
+        max_epochs=EPOCHS,
         limit_train_batches=60,
-        check_val_every_n_epoch=8,
+        check_val_every_n_epoch=EPOCHS,
         accelerator="cpu",
         logger=False,
         enable_progress_bar=False,
@@ -81,8 +84,8 @@ def test_learns_to_reverse_sequences_to_bleu_above_90(tmp_path: Path) -> None:
     trainer.fit(task, datamodule=data)
     assert trainer.callback_metrics["val/bleu"] > 90
     metrics = trainer.test(task, datamodule=data, verbose=False)[0]
-    assert metrics["test/bleu"] > 90 and metrics["test/bleu_greedy"] > 90
-    assert (tmp_path / "alignments" / "test_epoch008.png").stat().st_size > 0
+    assert metrics["test/bleu"] > 90 and metrics["test/bleu_greedy"] > 90, metrics
+    assert (tmp_path / "alignments" / f"test_epoch{EPOCHS:03d}.png").stat().st_size > 0
     # The checkpoint carries the tokenizer: a fresh model translates with it (weights_only load).
     net = zoo.load(tmp_path / "ckpt" / "last.ckpt")
     tokenizer = net.tokenizer
