@@ -88,26 +88,37 @@ def test_vit_fast_dev_run_writes_outputs(tmp_outputs: Path) -> None:
     assert 0.0 <= metrics["test/acc"] <= 1.0
 
 
+@pytest.mark.parametrize("native_bf16", [True, False], ids=["bf16-cpu", "avx2-cpu"])
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["experiment=gpt_shakespeare_char"], "bf16-mixed"),  # the recipe's default (#19: fastest at equal loss)
+        (["experiment=gpt_shakespeare_char"], "auto"),  # the recipe's default (#19: fastest at equal loss)
         (["experiment=gpt_shakespeare_char", "trainer.precision=32-true"], None),
-        (["model=vit"], "bf16-mixed"),  # the main job
+        (["experiment=gpt_shakespeare_char", "trainer.precision=bf16-mixed"], "bf16-mixed"),  # by name: kept
+        (["model=vit"], "auto"),  # the main job
+        (["experiment=translation_multi30k"], "auto"),
         (["model=gpt"], None),  # fp32 wherever a config does not choose otherwise
     ],
 )
-def test_the_precision_a_config_chooses_is_the_trainers(overrides: list[str], expected: str | None, tmp_path) -> None:
+def test_the_precision_a_config_chooses_is_the_trainers(
+    overrides: list[str], expected: str | None, native_bf16: bool, tmp_path, monkeypatch
+) -> None:
+    """`auto` trains in bf16-mixed on a CPU that computes bf16 natively and in fp32 on one that emulates it."""
     from omegaconf import open_dict, read_write
 
     from zoo.app.pipeline import build
+    from zoo.training import precision as precision_module
     from zoo.training.precision import MixedPrecision
 
+    monkeypatch.setattr(precision_module, "native_bf16", lambda device: native_bf16 and device == "cpu")
     cfg = compose_config([*overrides, "logger=none"], tmp_path)
     with read_write(cfg.hydra), open_dict(cfg.hydra):  # as in a run: Hydra sets these at launch
         cfg.hydra.job.num, cfg.hydra.runtime.output_dir = 0, str(tmp_path)
+    assert cfg.trainer.precision == (expected or "32-true")
     _, _, trainer = build(cfg)
     plugin = trainer.precision_plugin
+    if expected == "auto":
+        expected = "bf16-mixed" if native_bf16 else None
     if expected is None:
         assert not isinstance(plugin, MixedPrecision) and plugin.precision == "32-true"
     else:

@@ -83,7 +83,7 @@ def test_trainer_configs_choose_their_strategy(tmp_path: Path) -> None:
     ddp_cpu = compose_config(["trainer=ddp_cpu"], tmp_path).trainer
     assert (ddp_cpu.accelerator, ddp_cpu.devices, ddp_cpu.strategy.process_group_backend) == ("cpu", 2, "gloo")
     gpu = compose_config(["trainer=gpu"], tmp_path).trainer
-    assert (gpu.accelerator, gpu.devices, gpu.precision) == ("gpu", 1, "bf16-mixed")
+    assert (gpu.accelerator, gpu.devices, gpu.precision) == ("gpu", 1, "auto")  # bf16-mixed, or 16-mixed before Ampere
     multinode = compose_config(["trainer=multinode"], tmp_path).trainer
     assert multinode.num_nodes == 2 and multinode.strategy._target_.endswith("DDPStrategy")
     assert compose_config(["trainer=cpu"], tmp_path).trainer.accelerator == "cpu"  # still the default

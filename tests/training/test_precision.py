@@ -7,7 +7,8 @@ import lightning as L
 import pytest
 import torch
 
-from zoo.training.precision import MixedPrecision, mixed_precision_plugin
+from zoo.training import precision as precision_module
+from zoo.training.precision import MixedPrecision, mixed_precision_plugin, resolve_precision
 
 CLIP = 1e-4
 
@@ -63,6 +64,40 @@ def test_zoo_plugin_replaces_lightnings_only_for_mixed_precision_without_sharded
     assert mixed_precision_plugin("16-mixed", "cpu").precision == "bf16-mixed"  # CPU: as Lightning does
     assert mixed_precision_plugin("bf16-mixed", "cpu", {"_target_": "zoo.training.distributed.fsdp_strategy"}) is None
     assert mixed_precision_plugin("bf16-mixed", "cpu", {"_target_": "lightning.pytorch.strategies.DDPStrategy"})
+
+
+@pytest.mark.parametrize(
+    ("native", "accelerator", "expected"),
+    [
+        ({"cpu"}, "cpu", "bf16-mixed"),  # AVX512-BF16 / AMX
+        (set(), "cpu", "32-true"),  # AVX2 only: emulated bf16 is ~40x slower than fp32
+        ({"cuda"}, "gpu", "bf16-mixed"),  # Ampere on
+        (set(), "cuda", "16-mixed"),  # older GPUs
+        ({"cpu"}, "mps", "32-true"),
+    ],
+)
+def test_auto_precision_is_bf16_only_where_the_device_computes_it_natively(
+    native: set[str], accelerator: str, expected: str, monkeypatch
+) -> None:
+    monkeypatch.setattr(precision_module, "native_bf16", lambda device: device in native)
+    assert resolve_precision("auto", accelerator) == expected
+
+
+def test_precision_by_name_is_kept_and_an_unknown_one_names_the_choices(monkeypatch) -> None:
+    monkeypatch.setattr(precision_module, "native_bf16", lambda device: False)
+    with pytest.warns(UserWarning, match="no native bf16"):
+        assert resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"
+    assert resolve_precision("32-true", "cpu") == "32-true" and resolve_precision(None, "cpu") is None
+    with pytest.raises(ValueError, match=r"trainer.precision must be one of auto, 32-true, .*got 'fp8'"):
+        resolve_precision("fp8", "cpu")
+
+
+def test_the_cpu_probe_answers_for_this_machine() -> None:
+    """The probe runs here (a bool, from torch's own CPU feature checks) and agrees with oneDNN's bf16 support."""
+    answer = precision_module.native_bf16("cpu")
+    assert isinstance(answer, bool)
+    if answer:
+        assert torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def test_a_setting_lightning_refuses_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch) -> None:

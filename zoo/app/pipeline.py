@@ -50,7 +50,7 @@ from zoo.training.checkpoints import (
 )
 from zoo.training.distributed import lost_peer
 from zoo.training.loggers import log_hydra_config
-from zoo.training.precision import mixed_precision_plugin
+from zoo.training.precision import mixed_precision_plugin, resolve_precision
 from zoo.training.pruning import pruned_trial
 from zoo.weights import read_checkpoint
 
@@ -100,7 +100,9 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule, L.
     options = {}
     strategy = cfg.trainer.get("strategy")
     strategy = OmegaConf.to_container(strategy) if isinstance(strategy, DictConfig) else strategy
-    precision = mixed_precision_plugin(cfg.trainer.get("precision"), str(cfg.trainer.get("accelerator")), strategy)
+    accelerator = str(cfg.trainer.get("accelerator"))
+    options["precision"] = resolve_precision(cfg.trainer.get("precision"), accelerator)  # `auto`: by the hardware
+    precision = mixed_precision_plugin(options["precision"], accelerator, strategy)
     if precision is not None and not any(isinstance(p, Precision) for p in plugins):
         plugins.append(precision)  # clips gradients with fused optimisers too (zoo/training/precision.py)
         options["precision"] = None

@@ -1,4 +1,9 @@
-"""Mixed precision that clips gradients with any optimiser, fused Adam/AdamW included.
+"""Mixed precision that clips gradients with any optimiser, fused Adam/AdamW included, and `precision=auto`.
+
+`auto` is the fastest precision that keeps quality on the machine at hand: bf16-mixed where the device computes
+bf16 natively (CUDA GPUs with bf16, Ampere on; CPUs with AVX512-BF16 or AMX), 16-mixed on older CUDA GPUs and
+32-true elsewhere. CPUs without native bf16 (AVX2-only ones, e.g. AMD Zen 3) emulate bf16 matmuls, ~40x slower
+than fp32 there, and bf16 training steps ran 3-20x slower (experiments/results/recipes.md).
 
 Lightning's AMP plugin refuses gradient clipping whenever the optimiser "unscales gradients internally"
 (`_step_supports_amp_scaling`: the fused Adam/AdamW zoo builds, the fastest step on CPU and CUDA), even in
@@ -17,8 +22,11 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixedPrecision
 from lightning.pytorch.plugins.precision.precision import Precision
-from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_warn
+from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_info, rank_zero_warn
 
+# Lightning's precision names (lightning.fabric.connector._PRECISION_INPUT) and zoo's `auto`.
+PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "transformer-engine",
+              "transformer-engine-float16", "32", "bf16", "16", "64")  # fmt: skip
 MIXED_PRECISIONS = {"16-mixed": "16-mixed", "16": "16-mixed", "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed"}
 
 
@@ -51,6 +59,53 @@ class MixedPrecision(LightningMixedPrecision):
         Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
 
 
+def native_bf16(device: str) -> bool:
+    """Whether `device` ("cpu", "cuda", "mps") multiplies bf16 matrices in hardware rather than emulating them."""
+    if device == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    if device == "cpu":  # x86 probes; other CPUs answer False (fp32, the safe choice)
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+    return False
+
+
+def training_device(accelerator: str) -> str:
+    """The device a Trainer with this `accelerator` flag trains on: "cuda", "mps" or "cpu"."""
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+        return "cuda"
+    if accelerator == "mps" or (accelerator == "auto" and torch.backends.mps.is_available()):
+        return "mps"
+    return "cpu"
+
+
+def resolve_precision(precision: Any, accelerator: str) -> Any:
+    """`trainer.precision` as Lightning takes it: `auto` becomes the fastest precision that keeps quality on
+    this device (module docstring); bf16-mixed asked for by name on a CPU without native bf16 is kept, with a
+    warning. Lightning's own names pass through; anything else is a one-line error naming the choices."""
+    if precision is None:  # Lightning's default, 32-true
+        return None
+    if str(precision) not in PRECISIONS:
+        raise ValueError(f"trainer.precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    device = training_device(accelerator)
+    if str(precision) == "auto":
+        name = {"cpu": "CPU", "cuda": "GPU"}.get(device, device)
+        if native_bf16(device):
+            chosen, why = "bf16-mixed", f"this {name} computes bf16 natively"
+        elif device in ("cpu", "cuda"):
+            chosen = "16-mixed" if device == "cuda" else "32-true"
+            why = f"this {name} has no native bf16" + (": no AVX512-BF16 or AMX" if device == "cpu" else "")
+        else:
+            chosen, why = "32-true", device
+        rank_zero_info(f"trainer.precision=auto: {chosen} ({why})")
+        return chosen
+    if device == "cpu" and MIXED_PRECISIONS.get(str(precision)) and not native_bf16("cpu"):
+        rank_zero_warn(
+            f"trainer.precision={precision}: this CPU has no native bf16 (AVX512-BF16 or AMX) and emulates it, "
+            "several times slower than 32-true (recipes.md); trainer.precision=auto picks the fastest"
+        )
+    return precision
+
+
 def mixed_precision_plugin(precision: Any, accelerator: str, strategy: Any = None) -> MixedPrecision | None:
     """zoo's MixedPrecision for a Trainer's `precision` flag, or None where Lightning's own plugin applies
     (full precision, and strategies with precision plugins of their own: FSDP, DeepSpeed)."""
@@ -58,12 +113,7 @@ def mixed_precision_plugin(precision: Any, accelerator: str, strategy: Any = Non
     target = str((strategy or {}).get("_target_", strategy) if isinstance(strategy, dict) else strategy or "")
     if mode is None or any(name in target.lower() for name in ("fsdp", "deepspeed")):
         return None
-    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
-        device = "cuda"
-    elif accelerator == "mps":
-        device = "mps"
-    else:
-        device = "cpu"
+    device = training_device(accelerator)
     if device == "cpu" and mode == "16-mixed":
         rank_zero_warn(
             "trainer.precision=16-mixed runs as bf16-mixed on the CPU (as in Lightning): fp16 AMP is for GPUs"
