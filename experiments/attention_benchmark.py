@@ -59,6 +59,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from experiments.reproduce import cpu_name  # noqa: E402
 from zoo.attention import AttentionConfig, MultiHeadAttention, TokenLayout  # noqa: E402
 from zoo.attention.blockwise import DENSE_MAX_LENGTH  # noqa: E402
 
@@ -254,16 +255,8 @@ def measure(
 
 
 def machine_info() -> dict[str, str]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     info = {
-        "CPU": cpu,
+        "CPU": cpu_name(),
         "cores": str(os.cpu_count()),
         "torch threads": str(torch.get_num_threads()),
         "torch": torch.__version__,

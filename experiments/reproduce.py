@@ -168,14 +168,25 @@ def run_script(script: str, arguments: list[str], json_path: Path, logs: Path) -
 
 
 # -- machine ---------------------------------------------------------------------------------------------
-def machine() -> dict[str, str]:
+def cpu_name() -> str:
+    """The CPU's model name with what decides its speed here: the vector unit torch runs on and whether it computes
+    bf16 natively (e.g. 'AMD EPYC (AVX2, bf16 emulated)': the same name covers CPU generations ~2x apart)."""
     import torch
+
+    from zoo.training.precision import native_bf16
 
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError, StopIteration):
         lines = Path("/proc/cpuinfo").read_text().splitlines()
         cpu = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    info = {"CPU": cpu, "cores": str(os.cpu_count()), "torch": torch.__version__,
+    bf16 = "bf16 native" if native_bf16("cpu") else "bf16 emulated"
+    return f"{cpu} ({torch.backends.cpu.get_cpu_capability()}, {bf16})"
+
+
+def machine() -> dict[str, str]:
+    import torch
+
+    info = {"CPU": cpu_name(), "cores": str(os.cpu_count()), "torch": torch.__version__,
             "GPU": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
             "python": platform.python_version(), "date": datetime.now().strftime("%Y-%m-%d %H:%M")}  # fmt: skip
     if hasattr(os, "getloadavg"):
