@@ -55,6 +55,12 @@ def check_positive_int(name: str, value: Any, allow_none: bool = False) -> None:
         raise ValueError(f"{name} must be {choices}, got {value!r}")
 
 
+def check_non_negative(name: str, value: Any) -> None:
+    """ValueError naming `name` unless value is a number >= 0 (bools are not numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+
+
 def check_choice(name: str, value: Any, choices: Any) -> None:
     """ValueError naming `name` and the valid choices unless value is one of them."""
     if value not in choices:

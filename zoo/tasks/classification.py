@@ -1,6 +1,6 @@
 """Classification: cross-entropy (optional label smoothing), top-1 accuracy and a test confusion matrix, for
-images with a ViT and for token sequences (the long-range tasks: pixel sequences, ListOps) with zoo's
-sequence classifier."""
+images with a ViT (optionally trained on MixUp / CutMix batches) and for token sequences (the long-range tasks:
+pixel sequences, ListOps) with zoo's sequence classifier."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import torchmetrics
+from torchvision.transforms import v2
 
+from zoo.errors import check_non_negative
 from zoo.models.sequence_classifier import SequenceClassifier, SequenceClassifierConfig
 from zoo.models.vit import ViT, ViTConfig, vit_from_pretrained
 from zoo.tasks.base import ZooTask
@@ -44,10 +46,15 @@ class ClassificationTask(ZooTask):
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.network()(inputs)
 
+    def training_targets(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A training batch's inputs and the targets of its loss: class indices, or (B, classes) probabilities."""
+        return inputs, labels
+
     def _step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> torch.Tensor:
         inputs, labels = batch
+        inputs, targets = self.training_targets(inputs, labels) if stage == "train" else (inputs, labels)
         logits = self(inputs)
-        loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing if stage == "train" else 0.0)
+        loss = F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing if stage == "train" else 0.0)
         # update, not the metric's forward: that also computes each batch's own accuracy, which nobody logs
         getattr(self, f"{stage}_acc").update(logits.detach(), labels)
         getattr(self, f"{stage}_loss").update(loss.detach(), weight=len(labels))
@@ -90,7 +97,34 @@ class ClassificationTask(ZooTask):
 
 
 class ImageClassificationTask(ClassificationTask):
+    """Images through a ViT. `mixup_alpha` / `cutmix_alpha` > 0 train on MixUp (Zhang et al. 2018) / CutMix (Yun
+    et al. 2019) batches (torchvision's transforms; both: one of the two per batch, as DeiT trains): each image
+    mixed with its neighbour in the batch by a Beta(alpha, alpha) share, and the loss against the mixed labels.
+    Validation and test see the images as they are; train/acc counts each mixed image's own label."""
+
     family = "vit"
+
+    def __init__(
+        self,
+        net: dict[str, Any],
+        optimizer: dict[str, Any] | None = None,
+        scheduler: dict[str, Any] | None = None,
+        label_smoothing: float = 0.0,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        compile: bool = False,
+        pretrained: str | None = None,
+    ) -> None:
+        check_non_negative("model.mixup_alpha", mixup_alpha)
+        check_non_negative("model.cutmix_alpha", cutmix_alpha)
+        super().__init__(net, optimizer, scheduler, label_smoothing, compile, pretrained)
+        classes = self.net.config.num_classes
+        mixes = [v2.MixUp(alpha=mixup_alpha, num_classes=classes)] if mixup_alpha > 0 else []
+        mixes += [v2.CutMix(alpha=cutmix_alpha, num_classes=classes)] if cutmix_alpha > 0 else []
+        self.batch_mix = v2.RandomChoice(mixes) if len(mixes) > 1 else (mixes[0] if mixes else None)
+
+    def training_targets(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.batch_mix(inputs, labels) if self.batch_mix is not None else (inputs, labels)
 
     def build_net(self, net: dict[str, Any], pretrained: str | None) -> ViT:
         if not pretrained:

@@ -1,0 +1,91 @@
+"""The image classification task's MixUp / CutMix options (zoo/tasks/classification.py): training batches are
+mixed and scored against mixed labels; validation and test see the images as they are."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.helpers import compose_config
+from zoo.tasks.classification import ImageClassificationTask
+
+NET = dict(image_size=8, in_channels=1, num_classes=10, patch_size=2, dim=16, depth=1, num_heads=2, mlp_dim=32)
+
+
+def batch(size: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return torch.rand(size, 1, 8, 8, generator=generator), torch.arange(size) % 10
+
+
+def recorded_step(task: ImageClassificationTask, stage: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the images the network saw, the loss's targets, the loss) of one step of `stage`."""
+    seen = []
+    task.net.register_forward_pre_hook(lambda module, args: seen.append(args[0].clone()))
+    targets = []
+    original = F.cross_entropy
+
+    def cross_entropy(logits, target, **kwargs):
+        targets.append(target)
+        return original(logits, target, **kwargs)
+
+    inputs, labels = batch()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(F, "cross_entropy", cross_entropy)
+        loss = task._step((inputs, labels), stage)
+    return seen[0], targets[0], loss
+
+
+@pytest.mark.parametrize("option", ["mixup_alpha", "cutmix_alpha"])
+def test_training_batches_are_mixed_and_scored_against_mixed_labels(option: str) -> None:
+    torch.manual_seed(0)
+    task = ImageClassificationTask(NET, **{option: 1.0})
+    images, labels = batch()
+    seen, targets, _ = recorded_step(task, "train")
+    assert targets.shape == (8, 10) and torch.allclose(targets.sum(dim=1), torch.ones(8))
+    share = targets[torch.arange(8), labels]  # each image's own label's weight, the rest is its neighbour's
+    assert (share < 1).all() and (share >= 0).all()
+    neighbour = images.roll(1, dims=0)  # torchvision mixes each image with the one before it
+    if option == "mixup_alpha":  # a convex combination with the share of the own label
+        expected = share[:, None, None, None] * images + (1 - share[:, None, None, None]) * neighbour
+        torch.testing.assert_close(seen, expected)
+    else:  # pixels cut from the neighbour, in the proportion of the neighbour's label
+        own = (seen == images).flatten(1).float().mean(dim=1)
+        torch.testing.assert_close(own, share, atol=1 / 64, rtol=0)
+
+
+@pytest.mark.parametrize("stage", ["val", "test"])
+def test_evaluation_sees_the_images_as_they_are(stage: str) -> None:
+    task = ImageClassificationTask(NET, mixup_alpha=1.0, cutmix_alpha=1.0)
+    images, labels = batch()
+    seen, targets, _ = recorded_step(task, stage)
+    assert torch.equal(seen, images) and torch.equal(targets, labels)
+
+
+def test_without_the_options_training_sees_plain_batches() -> None:
+    task = ImageClassificationTask(NET)
+    images, labels = batch()
+    seen, targets, _ = recorded_step(task, "train")
+    assert torch.equal(seen, images) and torch.equal(targets, labels)
+
+
+def test_both_options_pick_one_mix_per_batch() -> None:
+    torch.manual_seed(0)
+    task = ImageClassificationTask(NET, mixup_alpha=1.0, cutmix_alpha=1.0)
+    images, _ = batch()
+    kinds = set()
+    for _ in range(20):
+        seen, _, _ = recorded_step(task, "train")
+        kinds.add("cutmix" if (seen == images).any() else "mixup")  # CutMix keeps some pixels as they were
+    assert kinds == {"mixup", "cutmix"}
+
+
+@pytest.mark.parametrize("value", [-0.5, "much", True])
+def test_a_bad_alpha_is_one_line_naming_it(value) -> None:
+    with pytest.raises(ValueError, match=r"model.mixup_alpha must be a number >= 0, got"):
+        ImageClassificationTask(NET, mixup_alpha=value)
+
+
+def test_the_vit_config_exposes_both_options_off(tmp_path) -> None:
+    cfg = compose_config(["model=vit"], tmp_path)
+    assert cfg.model.mixup_alpha == 0.0 and cfg.model.cutmix_alpha == 0.0
