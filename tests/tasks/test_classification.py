@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import compose_config
-from zoo.tasks.classification import ImageClassificationTask
+from zoo.tasks.classification import ImageClassificationTask, SequenceClassificationTask
 
 NET = dict(image_size=8, in_channels=1, num_classes=10, patch_size=2, dim=16, depth=1, num_heads=2, mlp_dim=32)
 
@@ -89,3 +89,10 @@ def test_a_bad_alpha_is_one_line_naming_it(value) -> None:
 def test_the_vit_config_exposes_both_options_off(tmp_path) -> None:
     cfg = compose_config(["model=vit"], tmp_path)
     assert cfg.model.mixup_alpha == 0.0 and cfg.model.cutmix_alpha == 0.0
+
+
+def test_token_sequences_refuse_mixing() -> None:
+    net = dict(vocab_size=16, num_classes=10, max_length=8, dim=16, depth=1, num_heads=2, mlp_dim=32)
+    SequenceClassificationTask(net)
+    with pytest.raises(ValueError, match=r"mix images; SequenceClassificationTask's inputs are token ids"):
+        SequenceClassificationTask(net, mixup_alpha=0.2)

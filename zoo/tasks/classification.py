@@ -19,7 +19,15 @@ from zoo.training.loggers import confusion_matrix_figure, log_image, wants_media
 
 
 class ClassificationTask(ZooTask):
-    """(inputs, labels) batches through `self.net` (the subclass's `build_net`) to logits."""
+    """(inputs, labels) batches through `self.net` (the subclass's `build_net`) to logits.
+
+    `mixup_alpha` / `cutmix_alpha` > 0 (images only) train on MixUp (Zhang et al. 2018) / CutMix (Yun et al. 2019)
+    batches (torchvision's transforms; both: one of the two per batch, as DeiT trains): each image mixed with its
+    neighbour in the batch by a Beta(alpha, alpha) share, and the loss against the mixed labels. Validation and
+    test see the inputs as they are; train/acc counts each mixed image's own label.
+    """
+
+    mixes_inputs = False  # whether inputs can be mixed (images); token ids cannot
 
     def __init__(
         self,
@@ -27,14 +35,26 @@ class ClassificationTask(ZooTask):
         optimizer: dict[str, Any] | None = None,
         scheduler: dict[str, Any] | None = None,
         label_smoothing: float = 0.0,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
         compile: bool = False,
         pretrained: str | None = None,
     ) -> None:
+        check_non_negative("model.mixup_alpha", mixup_alpha)
+        check_non_negative("model.cutmix_alpha", cutmix_alpha)
+        if (mixup_alpha or cutmix_alpha) and not self.mixes_inputs:
+            raise ValueError(
+                f"model.mixup_alpha / model.cutmix_alpha mix images; {type(self).__name__}'s inputs are token ids: "
+                f"set both to 0, got {mixup_alpha} / {cutmix_alpha}"
+            )
         super().__init__(optimizer, scheduler, compile)
         self.save_hyperparameters()
         self.net = self.build_net(net, pretrained)
         self.label_smoothing = label_smoothing
         num_classes = self.net.config.num_classes
+        mixes = [v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []
+        mixes += [v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else []
+        self.batch_mix = v2.RandomChoice(mixes) if len(mixes) > 1 else (mixes[0] if mixes else None)
         metric = lambda: torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
         self.train_acc, self.val_acc, self.test_acc = metric(), metric(), metric()
         self.train_loss, self.val_loss, self.test_loss = (torchmetrics.MeanMetric() for _ in range(3))
@@ -47,8 +67,8 @@ class ClassificationTask(ZooTask):
         return self.network()(inputs)
 
     def training_targets(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A training batch's inputs and the targets of its loss: class indices, or (B, classes) probabilities."""
-        return inputs, labels
+        """A training batch's inputs and the targets of its loss: class indices, or mixed (B, classes) labels."""
+        return self.batch_mix(inputs, labels) if self.batch_mix is not None else (inputs, labels)
 
     def _step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> torch.Tensor:
         inputs, labels = batch
@@ -97,34 +117,8 @@ class ClassificationTask(ZooTask):
 
 
 class ImageClassificationTask(ClassificationTask):
-    """Images through a ViT. `mixup_alpha` / `cutmix_alpha` > 0 train on MixUp (Zhang et al. 2018) / CutMix (Yun
-    et al. 2019) batches (torchvision's transforms; both: one of the two per batch, as DeiT trains): each image
-    mixed with its neighbour in the batch by a Beta(alpha, alpha) share, and the loss against the mixed labels.
-    Validation and test see the images as they are; train/acc counts each mixed image's own label."""
-
     family = "vit"
-
-    def __init__(
-        self,
-        net: dict[str, Any],
-        optimizer: dict[str, Any] | None = None,
-        scheduler: dict[str, Any] | None = None,
-        label_smoothing: float = 0.0,
-        mixup_alpha: float = 0.0,
-        cutmix_alpha: float = 0.0,
-        compile: bool = False,
-        pretrained: str | None = None,
-    ) -> None:
-        check_non_negative("model.mixup_alpha", mixup_alpha)
-        check_non_negative("model.cutmix_alpha", cutmix_alpha)
-        super().__init__(net, optimizer, scheduler, label_smoothing, compile, pretrained)
-        classes = self.net.config.num_classes
-        mixes = [v2.MixUp(alpha=mixup_alpha, num_classes=classes)] if mixup_alpha > 0 else []
-        mixes += [v2.CutMix(alpha=cutmix_alpha, num_classes=classes)] if cutmix_alpha > 0 else []
-        self.batch_mix = v2.RandomChoice(mixes) if len(mixes) > 1 else (mixes[0] if mixes else None)
-
-    def training_targets(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.batch_mix(inputs, labels) if self.batch_mix is not None else (inputs, labels)
+    mixes_inputs = True
 
     def build_net(self, net: dict[str, Any], pretrained: str | None) -> ViT:
         if not pretrained:
