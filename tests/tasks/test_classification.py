@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torchvision.transforms import v2
 
 from tests.helpers import compose_config
 from zoo.tasks.classification import ImageClassificationTask, SequenceClassificationTask
@@ -86,9 +87,13 @@ def test_a_bad_alpha_is_one_line_naming_it(value) -> None:
         ImageClassificationTask(NET, mixup_alpha=value)
 
 
-def test_the_vit_config_exposes_both_options_off(tmp_path) -> None:
-    cfg = compose_config(["model=vit"], tmp_path)
-    assert cfg.model.mixup_alpha == 0.0 and cfg.model.cutmix_alpha == 0.0
+def test_the_main_job_trains_on_mixup_batches_and_fashion_mnist_on_plain_ones(tmp_path) -> None:
+    import hydra
+
+    main = hydra.utils.instantiate(compose_config(["model=vit"], tmp_path).model, _convert_="all")
+    assert isinstance(main.batch_mix, v2.MixUp) and main.batch_mix.alpha == 0.4
+    fashion = compose_config(["experiment=vit_fashion_mnist"], tmp_path).model
+    assert fashion.mixup_alpha == 0.0 and fashion.cutmix_alpha == 0.0
 
 
 def test_token_sequences_refuse_mixing() -> None:
