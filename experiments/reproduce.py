@@ -43,6 +43,8 @@ from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script without the package installed: zoo is beside experiments/
+    sys.path.insert(0, str(ROOT))
 EXPERIMENTS = ROOT / "experiments"
 VARIANTS = ("full", "local", "linear", "rope")
 KV_MEMORY = "kv_cache_memory.md"  # experiments/kv_cache_memory.py's table, in the results folder
@@ -170,7 +172,7 @@ def run_script(script: str, arguments: list[str], json_path: Path, logs: Path) -
 # -- machine ---------------------------------------------------------------------------------------------
 def cpu_name() -> str:
     """The CPU's model name with what decides its speed here: the vector unit torch runs on and whether it computes
-    bf16 natively (e.g. 'AMD EPYC (AVX2, bf16 emulated)': the same name covers CPU generations ~2x apart)."""
+    bf16 natively (e.g. 'AMD EPYC (AVX2, no native bf16 found)': one name covers CPU generations ~2x apart)."""
     import torch
 
     from zoo.training.precision import native_bf16
@@ -179,7 +181,7 @@ def cpu_name() -> str:
     with contextlib.suppress(OSError, StopIteration):
         lines = Path("/proc/cpuinfo").read_text().splitlines()
         cpu = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    bf16 = "bf16 native" if native_bf16("cpu") else "bf16 emulated"
+    bf16 = "bf16 native" if native_bf16("cpu") else "no native bf16 found"  # the probes are x86 ones
     return f"{cpu} ({torch.backends.cpu.get_cpu_capability()}, {bf16})"
 
 

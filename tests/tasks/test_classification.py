@@ -42,8 +42,11 @@ def test_training_batches_are_mixed_and_scored_against_mixed_labels(option: str)
     torch.manual_seed(0)
     task = ImageClassificationTask(NET, **{option: 1.0})
     images, labels = batch()
+    scored = []
+    task.train_acc.update = lambda logits, labels: scored.append(labels)
     seen, targets, _ = recorded_step(task, "train")
     assert targets.shape == (8, 10) and torch.allclose(targets.sum(dim=1), torch.ones(8))
+    assert torch.equal(scored[0], targets.argmax(dim=1))  # train/acc: each mixed image's larger share
     share = targets[torch.arange(8), labels]  # each image's own label's weight, the rest is its neighbour's
     assert (share < 1).all() and (share >= 0).all()
     neighbour = images.roll(1, dims=0)  # torchvision mixes each image with the one before it

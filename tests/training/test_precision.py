@@ -85,8 +85,9 @@ def test_auto_precision_is_bf16_only_where_the_device_computes_it_natively(
 
 def test_precision_by_name_is_kept_and_an_unknown_one_names_the_choices(monkeypatch) -> None:
     monkeypatch.setattr(precision_module, "native_bf16", lambda device: False)
-    with pytest.warns(UserWarning, match="no native bf16"):
-        assert resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"
+    for name in ("bf16-mixed", "bf16-true"):
+        with pytest.warns(UserWarning, match="no native bf16"):
+            assert resolve_precision(name, "cpu") == name
     assert resolve_precision("32-true", "cpu") == "32-true" and resolve_precision(None, "cpu") is None
     with pytest.raises(ValueError, match=r"trainer.precision must be one of auto, 32-true, .*got 'fp8'"):
         resolve_precision("fp8", "cpu")

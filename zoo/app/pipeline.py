@@ -100,7 +100,7 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule, L.
     options = {}
     strategy = cfg.trainer.get("strategy")
     strategy = OmegaConf.to_container(strategy) if isinstance(strategy, DictConfig) else strategy
-    accelerator = str(cfg.trainer.get("accelerator"))
+    accelerator = str(cfg.trainer.get("accelerator") or "auto")  # Lightning's default
     options["precision"] = resolve_precision(cfg.trainer.get("precision"), accelerator)  # `auto`: by the hardware
     precision = mixed_precision_plugin(options["precision"], accelerator, strategy)
     if precision is not None and not any(isinstance(p, Precision) for p in plugins):

@@ -24,7 +24,7 @@ class ClassificationTask(ZooTask):
     `mixup_alpha` / `cutmix_alpha` > 0 (images only) train on MixUp (Zhang et al. 2018) / CutMix (Yun et al. 2019)
     batches (torchvision's transforms; both: one of the two per batch, as DeiT trains): each image mixed with its
     neighbour in the batch by a Beta(alpha, alpha) share, and the loss against the mixed labels. Validation and
-    test see the inputs as they are; train/acc counts each mixed image's own label.
+    test see the inputs as they are; train/acc counts a mixed image's larger share as its label.
     """
 
     mixes_inputs = False  # whether inputs can be mixed (images); token ids cannot
@@ -76,7 +76,7 @@ class ClassificationTask(ZooTask):
         logits = self(inputs)
         loss = F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing if stage == "train" else 0.0)
         # update, not the metric's forward: that also computes each batch's own accuracy, which nobody logs
-        getattr(self, f"{stage}_acc").update(logits.detach(), labels)
+        getattr(self, f"{stage}_acc").update(logits.detach(), targets.argmax(dim=1) if targets.ndim == 2 else labels)
         getattr(self, f"{stage}_loss").update(loss.detach(), weight=len(labels))
         if stage == "test":
             self.test_confusion.update(logits, labels)

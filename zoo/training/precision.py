@@ -3,7 +3,7 @@
 `auto` is the fastest precision that keeps quality on the machine at hand: bf16-mixed where the device computes
 bf16 natively (CUDA GPUs with bf16, Ampere on; CPUs with AVX512-BF16 or AMX), 16-mixed on older CUDA GPUs and
 32-true elsewhere. CPUs without native bf16 (AVX2-only ones, e.g. AMD Zen 3) emulate bf16 matmuls, ~40x slower
-than fp32 there, and bf16 training steps ran 3-20x slower (experiments/results/recipes.md).
+than fp32 there, and bf16 training steps ran ~3-12x slower (experiments/results/recipes.md).
 
 Lightning's AMP plugin refuses gradient clipping whenever the optimiser "unscales gradients internally"
 (`_step_supports_amp_scaling`: the fused Adam/AdamW zoo builds, the fastest step on CPU and CUDA), even in
@@ -98,7 +98,7 @@ def resolve_precision(precision: Any, accelerator: str) -> Any:
             chosen, why = "32-true", device
         rank_zero_info(f"trainer.precision=auto: {chosen} ({why})")
         return chosen
-    if device == "cpu" and MIXED_PRECISIONS.get(str(precision)) and not native_bf16("cpu"):
+    if device == "cpu" and str(precision).startswith(("bf16", "16")) and not native_bf16("cpu"):
         rank_zero_warn(
             f"trainer.precision={precision}: this CPU has no native bf16 (AVX512-BF16 or AMX) and emulates it, "
             "several times slower than 32-true (recipes.md); trainer.precision=auto picks the fastest"
