@@ -128,3 +128,23 @@ def test_causal_segments_carry_the_state_exactly(
     grad = torch.randn(out.shape, generator=generator)
     for got, want in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    # Without autograd the segments are written straight into one output (a partial last chunk copied in):
+    # the same numbers, bit for bit, as the joined segments.
+    with torch.no_grad():
+        inference, _ = kernel(q, k, v, causal=True, key_padding_mask=padding)
+    assert inference.is_contiguous() and torch.equal(inference, out.detach())
+
+
+def test_causal_kernel_writes_into_out_only_where_it_can() -> None:
+    phi_q, phi_k = elu_feature_map(torch.randn(1, 2, 16, 4)), elu_feature_map(torch.randn(1, 2, 16, 4))
+    values, target = torch.randn(1, 2, 16, 3), torch.zeros(1, 2, 20, 3)
+    with torch.no_grad():
+        expected, _ = causal_linear_attention(phi_q, phi_k, values, 4, normalise=True)
+        written, _ = causal_linear_attention(phi_q, phi_k, values, 4, normalise=True, out=target[:, :, 2:18])
+        assert written.data_ptr() == target[:, :, 2:18].data_ptr() and torch.equal(written, expected)
+        assert target[:, :, :2].abs().sum() == 0 and target[:, :, 18:].abs().sum() == 0
+        with pytest.raises(ValueError, match="whole chunks"):
+            short = (x[:, :, :15] for x in (phi_q, phi_k, values))
+            causal_linear_attention(*short, 4, normalise=True, out=target)
+    with pytest.raises(ValueError, match="only without autograd"):
+        causal_linear_attention(phi_q, phi_k, values, 4, normalise=True, out=target[:, :, :16])
