@@ -53,6 +53,60 @@ def test_vit_rejects_unknown_pooling() -> None:
         ViTConfig(pool="max")
 
 
+@pytest.mark.parametrize("patch_size", [2, 4])
+def test_conv_stem_halves_the_image_per_stride_two_layer_and_keeps_the_token_grid(patch_size: int) -> None:
+    torch.manual_seed(0)
+    model = ViT(
+        ViTConfig(image_size=16, patch_size=patch_size, dim=32, depth=1, num_heads=4, stem="conv", num_classes=3)
+    )
+    convs = [m for m in model.patch_embed if isinstance(m, torch.nn.Conv2d)]
+    # Xiao et al.: 3x3 stride-2 convolutions with channels doubling up to the width, then a 1x1 to the width.
+    assert [(c.kernel_size, c.stride, c.out_channels) for c in convs] == [
+        ((3, 3), (2, 2), 32 >> (len(convs) - 2 - i)) for i in range(len(convs) - 1)
+    ] + [((1, 1), (1, 1), 32)]
+    assert len(convs) - 1 == {2: 1, 4: 2}[patch_size]
+    grid = 16 // patch_size
+    assert model.forward_features(torch.randn(2, 1, 16, 16)).shape == (2, 1 + grid * grid, 32)
+    # Not the patch stem: its weights are another network's.
+    assert "patch_embed.weight" not in model.state_dict() and "patch_embed.1.running_mean" in model.state_dict()
+
+
+def test_conv_stem_batchnorm_learns_statistics_in_training_and_uses_them_in_eval() -> None:
+    torch.manual_seed(0)
+    model = tiny(stem="conv", num_classes=0)  # pooled features (a classifier head starts at zero)
+    images = torch.randn(6, 1, 8, 8) * 3 + 2
+    norm = model.patch_embed[1]
+    model.train()
+    first = model(images[:3])
+    assert norm.running_mean.abs().sum() > 0  # training batches update the running statistics
+    torch.testing.assert_close(model(images[:3]), first, rtol=0, atol=0)  # batch statistics: same batch, same out
+    model.eval()
+    with torch.no_grad():
+        alone = model(images[:1])
+        batched = model(images[:3])
+    # Eval normalises with the stored statistics: an image's output does not depend on its batch.
+    torch.testing.assert_close(alone, batched[:1])
+    model.train()
+    # Training normalises by the batch: the same image in another batch gives another output.
+    assert (model(images[:3])[0] - model(images[[0, 4, 5]])[0]).abs().max() > 1e-4
+
+
+def test_conv_stem_needs_a_power_of_two_patch_and_unknown_stems_name_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"patch_size must be a power of 2 >= 2, got patch_size=6"):
+        ViTConfig(image_size=12, patch_size=6, stem="conv")
+    with pytest.raises(ValueError, match=r"unknown ViT stem 'cnn'; valid choices: \['patch', 'conv'\]"):
+        ViTConfig(stem="cnn")
+
+
+def test_torchvision_weights_give_the_patch_stem_whatever_the_config_asked(tmp_path: Path) -> None:
+    path = tmp_path / "vit.pth"
+    torch.save(torchvision_vit().state_dict(), path)
+    config = ViTConfig(image_size=16, in_channels=3, num_classes=10, stem="conv")
+    model, notes = vit_from_pretrained(str(path), config)
+    assert model.config.stem == "patch" and isinstance(model.patch_embed, torch.nn.Conv2d)
+    assert any("'stem': 'patch'" in note for note in notes)
+
+
 def test_drop_path_is_identity_in_eval_and_random_in_training() -> None:
     torch.manual_seed(0)
     model = tiny(drop_path=0.5)

@@ -97,6 +97,20 @@ def test_the_main_job_trains_on_mixup_batches_and_fashion_mnist_on_plain_ones(tm
     assert isinstance(main.batch_mix, v2.MixUp) and main.batch_mix.alpha == 0.4
     fashion = compose_config(["experiment=vit_fashion_mnist"], tmp_path).model
     assert fashion.mixup_alpha == 0.0 and fashion.cutmix_alpha == 0.0
+    assert fashion.net.stem == "conv" and compose_config(["model=vit"], tmp_path).model.net.stem == "patch"
+
+
+@pytest.mark.parametrize("stem", ["patch", "conv"])
+def test_the_stem_a_config_names_is_the_models(stem: str, tmp_path) -> None:
+    import hydra
+
+    conv = stem == "conv"
+    vit = compose_config(["model=vit", f"model.net.stem={stem}"], tmp_path).model
+    vit = hydra.utils.instantiate(vit, _convert_="all")
+    assert isinstance(vit.net.patch_embed, torch.nn.Sequential) is conv
+    clip = compose_config(["model=clip", f"model.net.image.stem={stem}"], tmp_path).model
+    clip = hydra.utils.instantiate(clip, _convert_="all")
+    assert isinstance(clip.net.image_encoder.patch_embed, torch.nn.Sequential) is conv
 
 
 def test_token_sequences_refuse_mixing() -> None:
