@@ -86,8 +86,8 @@ class ViTConfig(ModelConfig):
             raise ValueError(f"unknown ViT stem {self.stem!r}; valid choices: {list(STEMS)}")
         if self.stem == "conv" and (self.patch_size < 2 or self.patch_size & (self.patch_size - 1)):
             raise ValueError(
-                f"stem 'conv' halves the image patch_size.bit_length() - 1 times, so patch_size must be a power of 2 "
-                f">= 2, got patch_size={self.patch_size}; valid: 2, 4, 8, 16, ... or stem='patch'"
+                "stem 'conv' reaches the patch grid by halving the image with stride-2 convolutions, so patch_size "
+                f"must be a power of 2 >= 2, got patch_size={self.patch_size}; valid: 2, 4, 8, 16, ... or stem='patch'"
             )
         if self.image_size % self.patch_size != 0:
             raise ValueError(
