@@ -98,6 +98,7 @@ def test_the_main_job_trains_on_mixup_batches_and_fashion_mnist_on_plain_ones(tm
     fashion = compose_config(["experiment=vit_fashion_mnist"], tmp_path).model
     assert fashion.mixup_alpha == 0.0 and fashion.cutmix_alpha == 0.0
     assert fashion.net.stem == "conv" and compose_config(["model=vit"], tmp_path).model.net.stem == "patch"
+    assert compose_config(["experiment=clip_fashion_mnist"], tmp_path).model.net.image.stem == "conv"
 
 
 @pytest.mark.parametrize("stem", ["patch", "conv"])
