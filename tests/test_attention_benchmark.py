@@ -64,3 +64,21 @@ def test_report_names_every_target_and_writes_table_and_plot(results: list[dict]
     text = (tmp_path / "bench.md").read_text()
     assert "| 512 | sparse-kernel |" in text and "| 512 | compressed-kernel |" in text
     assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+def test_local_training_peak_memory_is_at_most_full_attentions() -> None:
+    """#17's memory target, measured as the benchmark does, at a length a test affords: local attention (window
+    256) holds no more than full attention over a forward and backward (the chunked backward frees each chunk's
+    window gradients before the next: two chunks' would exceed it)."""
+    length, threads = 2048, torch.get_num_threads()
+    rows = bench.build_rows(torch.device("cpu"), length)
+    peaks = {}
+    torch.set_num_threads(1)  # SDPA's per-thread buffers would give full attention a thread-dependent margin
+    try:
+        for name in ("full", "local"):
+            x = bench.make_input(name, length, torch.device("cpu"), True, torch.float32)
+            bench.forward_backward(rows[name], x)  # warm caches (masks) out of the measurement
+            peaks[name] = bench.peak_bytes(bench.forward_backward, rows[name], x, torch.device("cpu"))
+    finally:
+        torch.set_num_threads(threads)
+    assert peaks["local"] <= peaks["full"], peaks

@@ -96,16 +96,20 @@ def random_padding(batch: int, length: int, generator: torch.Generator, left: bo
 
 
 class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any aten op produces (forward and backward)."""
+    """Records the largest tensor (elements) any aten op allocates, forward and backward: views of its inputs and
+    results written into them (in-place, out=) allocate nothing and are not counted."""
 
     def __init__(self) -> None:
         super().__init__()
         self.largest = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        inputs = torch.utils._pytree.tree_leaves((args, kwargs))
+        storages = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
         for item in result if isinstance(result, (tuple, list)) else (result,):
-            if isinstance(item, torch.Tensor):
+            if isinstance(item, torch.Tensor) and item.untyped_storage().data_ptr() not in storages:
                 self.largest = max(self.largest, item.numel())
         return result
 

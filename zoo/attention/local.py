@@ -13,6 +13,7 @@ a constant close to SDPA's, not (n / block) x (block + window) keys.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -32,12 +33,12 @@ DEFAULT_BLOCK_SIZE = 64
 # kernel's query tiles are 32 long anyway for short blocks (n=8192, window 256: 7% faster than 64; the backward,
 # given the same log-sum-exps, keeps 64, where 32 measured 2-7% slower).
 FORWARD_BLOCK_SIZE = 32
-# Query positions per call of the fused kernel on the chunked path (`_ChunkedBand`): its temporaries (a chunk's
-# key windows and their gradients, a few MiB) are reused by the allocator, where whole-sequence ones are
-# page-faulted in afresh every step (profile at n=8192: a third of forward+backward was zero-filling them).
-# Measured at n=8192, window 256: forward+backward peak 48.6 MiB at 512 (SDPA's: 48.0), 59 at 1024, 85 at 2048,
-# the same time from 256 to 1024.
-CHUNK_QUERIES = 512
+# Query positions per call of the fused kernel in the chunked path's backward (`_ChunkedBand`): one block. A chunk's
+# temporaries (its key windows' gradients) are (block + window) / block times its queries' size, so the smallest
+# chunk holds the least on top of the gradients themselves; the kernel is also fastest there (cache-resident).
+# Measured at n=8192, window 256, forward+backward of the module: peak 65.0 MiB at 64 (full attention's: 65.1),
+# 65.7 at 128, 69.8 at 512; the kernel's time at 1 thread 234 ms at 64, 270 at 512 (32768, 2 threads: 799 vs 971).
+CHUNK_QUERIES = 64
 # The forward holds no gradients: bigger chunks, fewer calls (n=8192: 7-10% faster than 512).
 FORWARD_CHUNK_QUERIES = 2048
 
@@ -186,53 +187,86 @@ def _blockwise_sliding_window(
     return out.transpose(1, 2)
 
 
-def _chunk_queries(x: torch.Tensor, row: int, start: int, stop: int, block: int) -> torch.Tensor:
-    """Tokens start..stop-1 of batch row `row` of x (B, H, n, D) as query blocks (nbc, H, block, D), the last
-    one zero-padded, laid out token-major ((nbc, block, H, D) in memory, as the keys and the projections'
-    outputs are): a view where x is so already (measured 1.3x faster in the kernel than head-major blocks)."""
-    chunk = x[row, :, start:stop].transpose(0, 1)  # (tokens, H, D)
-    missing = -(stop - start) % block
-    if missing:
-        chunk = F.pad(chunk, (0, 0, 0, 0, 0, missing))
-    length, heads, dim = chunk.shape
-    return chunk.reshape(length // block, block, heads, dim).transpose(1, 2)
+class _Chunk(NamedTuple):
+    """Query blocks first..last-1 (tokens start..stop-1) and their key windows: `keys` rows from `key_start`, each
+    block's window `span` long (a block every `block` rows); `mask` is their additive mask. Interior chunks' windows
+    are all left + block + right long and inside the sequence; the others (at the ends) are one block each."""
+
+    first: int
+    last: int
+    start: int
+    stop: int
+    key_start: int
+    keys: int
+    span: int
+    interior: bool
+    mask: torch.Tensor
 
 
-def _chunk_windows(x: torch.Tensor, row: int, start: int, rows: int, heads: int) -> torch.Tensor:
-    """Keys start..start+rows-1 of batch row `row` of x (B, G, n, D), zero outside 0..n-1, as (rows, heads, D)
-    with each of the G key heads repeated for its heads // G query heads (grouped-query attention)."""
-    _, groups, length, dim = x.shape
-    if groups == heads and start >= 0 and start + rows <= length:  # inside the sequence: a view (8% faster)
-        return x[row, :, start : start + rows].transpose(0, 1)
-    buffer = x.new_empty(rows, groups, heads // groups, dim)
-    low, high = max(start, 0), min(start + rows, length)
-    buffer[: low - start].zero_()
-    buffer[high - start :].zero_()
-    buffer[low - start : high - start] = x[row, :, low:high].transpose(0, 1)[:, :, None]
-    return buffer.view(rows, heads, dim)
+class _Row:
+    """One batch row of the chunked band's tensors (B, H, n, D), cut into the kernel's blocks. Whole blocks are views
+    of the row, taken once per row (per chunk, the slicing of five tensors cost more than the fused kernel at 64
+    queries a call); only a partial last block is copied (zero-padded), and grouped key heads are repeated."""
+
+    def __init__(self, row: int, block: int, heads: int) -> None:
+        self.row, self.block, self.heads = row, block, heads
+
+    def blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole blocks of x[row] as (n // block, H, block, D), laid out token-major ((block, H, D) in memory,
+        as the projections' outputs are: measured 1.3x faster in the kernel than head-major blocks)."""
+        tokens = x[self.row].transpose(0, 1)
+        whole = tokens.shape[0] // self.block
+        return tokens[: whole * self.block].unflatten(0, (whole, self.block)).transpose(1, 2)
+
+    def queries(self, x: torch.Tensor, blocks: torch.Tensor, chunk: _Chunk) -> torch.Tensor:
+        """The chunk's query blocks (nbc, H, block, D) of x, given `blocks(x)`; a partial last block zero-padded."""
+        if chunk.last <= blocks.shape[0]:
+            return blocks[chunk.first : chunk.last]
+        tokens = F.pad(x[self.row, :, chunk.start : chunk.stop], (0, 0, 0, self.block - (chunk.stop - chunk.start)))
+        return tokens[None]
+
+    def windows(self, x: torch.Tensor, chunks: list[_Chunk]) -> torch.Tensor | None:
+        """The key windows of x (B, G, n, D) of every interior block from the first interior chunk's on, as
+        (count, G, span, D) views; None without interior chunks."""
+        interior = next((chunk for chunk in chunks if chunk.interior), None)
+        if interior is None:
+            return None
+        rows = x[self.row, :, interior.key_start :].transpose(0, 1)  # (keys, G, D)
+        return rows.unfold(0, interior.span, self.block).transpose(-1, -2)
+
+    def chunk_windows(self, x: torch.Tensor, windows: torch.Tensor | None, offset: int, chunk: _Chunk):
+        """The chunk's key windows (nbc, H, span, D) of x (B, G, n, D): from `windows` (block `offset` first) for
+        an interior chunk, else cut from the row; each of the G key heads repeated for its H // G query heads."""
+        if chunk.interior:
+            keys = windows[chunk.first - offset : chunk.last - offset]
+        else:
+            rows = x[self.row, :, chunk.key_start : chunk.key_start + chunk.keys].transpose(0, 1)
+            keys = rows.unfold(0, chunk.span, self.block).transpose(-1, -2)
+        groups = keys.shape[1]
+        if groups != self.heads:  # grouped-query attention
+            keys = keys.repeat_interleave(self.heads // groups, dim=1)
+        return keys
 
 
 def _add_window_grads(total: torch.Tensor, grad: torch.Tensor, first: int, block: int) -> None:
-    """total (n, G, D) += the gradient of key windows (nbc, H, keys, D) whose window i starts at key position
-    first + i * block (positions outside 0..n-1 are dropped). Windows of whole blocks add piece by piece: a few
-    shifted additions (profile at n=8192, 1 thread: aten's unfold_backward took 59 ms a step, these 8 ms)."""
-    n_blocks, heads, keys, dim = grad.shape
-    groups, length = total.shape[1], total.shape[0]
-    if keys % block:
-        rows = (n_blocks - 1) * block + keys
-        grad = torch.ops.aten.unfold_backward(grad.transpose(-1, -2), [rows, heads, dim], 0, keys, block)
-        pieces = [(first, grad)]
-    else:
-        pieces = []
-        for piece in range(keys // block):
-            chunk = grad[:, :, piece * block : (piece + 1) * block].transpose(1, 2).reshape(-1, heads, dim)
-            pieces.append((first + piece * block, chunk))
-    for start, chunk in pieces:
-        if groups != heads:  # grouped-query attention: a key head's gradient sums over the heads it serves
-            chunk = chunk.view(chunk.shape[0], groups, heads // groups, dim).sum(dim=2)
-        low, high = max(start, 0), min(start + chunk.shape[0], length)
-        if low < high:
-            total[low:high] += chunk[low - start : high - start]
+    """total (n, G, D) += the gradient of key windows (nbc, H, span, D) whose window i starts at key position
+    first + i * block (all inside 0..n-1). Windows of whole blocks add piece by piece, as views: a few shifted
+    additions (profile at n=8192, 1 thread: aten's unfold_backward took 59 ms a step, these 8 ms), no copies."""
+    n_blocks, heads, span, dim = grad.shape
+    groups = total.shape[1]
+    if groups != heads:  # grouped-query attention: a key head's gradient sums over the heads it serves
+        grad = grad.unflatten(1, (groups, heads // groups)).sum(dim=2)
+    if n_blocks == 1:
+        total[first : first + span] += grad[0].transpose(0, 1)
+    elif span % block:
+        rows = (n_blocks - 1) * block + span
+        total[first : first + rows] += torch.ops.aten.unfold_backward(
+            grad.transpose(-1, -2), [rows, groups, dim], 0, span, block
+        )
+    else:  # piece p of every window: rows first + p * block on, (nbc, block, G, D)
+        for p in range(span // block):
+            rows = total[first + p * block : first + (p + n_blocks) * block].view(n_blocks, block, groups, dim)
+            rows += grad[:, :, p * block : (p + 1) * block].transpose(1, 2)
 
 
 class _ChunkedBand(torch.autograd.Function):
@@ -241,8 +275,7 @@ class _ChunkedBand(torch.autograd.Function):
     gradients back, so no tensor of (n / block) * (block + window) keys is ever held: O(n) memory, as SDPA's.
     Every query attends to the same keys whatever its block, so the forward and the backward may block the
     queries differently (`blocks`: the forward's block, the backward's): the backward gets each query's
-    log-sum-exp. `masks`: the forward's and the backward's makers, `masks(start, n_blocks)` a chunk's additive
-    mask (broadcastable to (nbc, H, block, keys))."""
+    log-sum-exp. `masks`: the forward's and the backward's makers (`_chunk_mask_maker`)."""
 
     @staticmethod
     def forward(ctx, q, k, v, masks, left, right, blocks):
@@ -252,18 +285,19 @@ class _ChunkedBand(torch.autograd.Function):
         lse = q.new_empty(batch, heads, -(-length // backward_block) * backward_block)
         # The backward's padded query slots: log-sum-exp +inf, so probability 0 (their gradients are dropped).
         lse[:, :, length:] = float("inf")
-        window = left + block + right
-        for row, start, stop, keys, mask in _chunks(
-            batch, length, left, right, block, forward_masks, FORWARD_CHUNK_QUERIES
-        ):
-            k_blocks = _chunk_windows(k, row, start - left, keys, heads).unfold(0, window, block).transpose(-1, -2)
-            v_blocks = _chunk_windows(v, row, start - left, keys, heads).unfold(0, window, block).transpose(-1, -2)
-            queries = _chunk_queries(q, row, start, stop, block)
-            o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                queries, k_blocks, v_blocks, attn_mask=mask
-            )
-            out[row, start:stop] = o.transpose(1, 2).reshape(-1, heads, dim)[: stop - start]
-            lse[row, :, start:stop] = m.transpose(0, 1).reshape(heads, -1)[:, : stop - start]
+        chunks = _chunks(length, left, right, block, forward_masks, FORWARD_CHUNK_QUERIES)
+        offset = next((chunk.first for chunk in chunks if chunk.interior), 0)
+        for row in range(batch):
+            at = _Row(row, block, heads)
+            q_blocks, k_windows, v_windows = at.blocks(q), at.windows(k, chunks), at.windows(v, chunks)
+            for chunk in chunks:
+                o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    at.queries(q, q_blocks, chunk), at.chunk_windows(k, k_windows, offset, chunk),
+                    at.chunk_windows(v, v_windows, offset, chunk), attn_mask=chunk.mask,
+                )  # fmt: skip
+                tokens = chunk.stop - chunk.start
+                out[row, chunk.start : chunk.stop] = o.transpose(1, 2).reshape(-1, heads, dim)[:tokens]
+                lse[row, :, chunk.start : chunk.stop] = m.transpose(0, 1).reshape(heads, -1)[:, :tokens]
         ctx.masks, ctx.sizes = masks[1], (left, right, backward_block)
         ctx.save_for_backward(q, k, v, out, lse)
         return out.transpose(1, 2)
@@ -272,42 +306,57 @@ class _ChunkedBand(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         (left, right, block), (batch, heads, length, dim) = ctx.sizes, q.shape
-        groups, window = k.shape[1], left + block + right
+        groups = k.shape[1]
         grad_q = q.new_empty(batch, length, heads, dim)
         grad_k, grad_v = k.new_zeros(batch, length, groups, dim), v.new_zeros(batch, length, groups, dim)
-        out = out.transpose(1, 2)
-        for row, start, stop, keys, mask in _chunks(batch, length, left, right, block, ctx.masks, CHUNK_QUERIES):
-            k_blocks = _chunk_windows(k, row, start - left, keys, heads).unfold(0, window, block).transpose(-1, -2)
-            v_blocks = _chunk_windows(v, row, start - left, keys, heads).unfold(0, window, block).transpose(-1, -2)
-            slots = lse[row, :, start : start + k_blocks.shape[0] * block]
-            gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                _chunk_queries(grad_out, row, start, stop, block), _chunk_queries(q, row, start, stop, block),
-                k_blocks, v_blocks, _chunk_queries(out, row, start, stop, block),
-                slots.view(heads, -1, block).transpose(0, 1).contiguous(), 0.0, False, attn_mask=mask,
-            )  # fmt: skip
-            grad_q[row, start:stop] = gq.transpose(1, 2).reshape(-1, heads, dim)[: stop - start]
-            _add_window_grads(grad_k[row], gk, start - left, block)
-            _add_window_grads(grad_v[row], gv, start - left, block)
+        out, grad_q_heads = out.transpose(1, 2), grad_q.transpose(1, 2)
+        chunks = _chunks(length, left, right, block, ctx.masks, CHUNK_QUERIES)
+        offset = next((chunk.first for chunk in chunks if chunk.interior), 0)
+        for row in range(batch):
+            at = _Row(row, block, heads)
+            q_blocks, grad_blocks, out_blocks, grad_q_blocks = map(at.blocks, (q, grad_out, out, grad_q_heads))
+            k_windows, v_windows = at.windows(k, chunks), at.windows(v, chunks)
+            lse_blocks = lse[row].unflatten(1, (-1, block)).transpose(0, 1).contiguous()  # (blocks, H, block)
+            for chunk in chunks:
+                gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                    at.queries(grad_out, grad_blocks, chunk), at.queries(q, q_blocks, chunk),
+                    at.chunk_windows(k, k_windows, offset, chunk), at.chunk_windows(v, v_windows, offset, chunk),
+                    at.queries(out, out_blocks, chunk), lse_blocks[chunk.first : chunk.last], 0.0, False,
+                    attn_mask=chunk.mask,
+                )  # fmt: skip
+                if chunk.last <= grad_q_blocks.shape[0]:
+                    grad_q_blocks[chunk.first : chunk.last] = gq
+                else:  # the partial last block
+                    grad_q_heads[row, :, chunk.start : chunk.stop] = gq[0, :, : chunk.stop - chunk.start]
+                _add_window_grads(grad_k[row], gk, chunk.key_start, block)
+                _add_window_grads(grad_v[row], gv, chunk.key_start, block)
+                del gq, gk, gv  # before the next chunk's are allocated: the peak holds one chunk's, not two
         return grad_q.transpose(1, 2), grad_k.transpose(1, 2), grad_v.transpose(1, 2), None, None, None, None
 
 
-def _chunks(batch: int, length: int, left: int, right: int, block: int, masks, queries: int):
-    """(row, start, stop, key rows, mask) of every chunk of about `queries` queries (whole blocks); the batch rows
-    of a chunk share its mask (no key padding on this path). The blocks whose key windows reach outside the
-    sequence (the first ceil(left / block); those within block + right of the end) are chunks of their own, so
-    that only their masks are made block by block: the others share one broadcast mask."""
+def _chunks(length: int, left: int, right: int, block: int, masks, queries: int) -> list[_Chunk]:
+    """The chunks of about `queries` queries (whole blocks), the same for every batch row (no key padding on this
+    path). The blocks whose key windows would reach outside the sequence (the first ceil(left / block); those within
+    block + right of the end) are chunks of one block each, their windows clipped to the sequence (no zero-padded
+    copy of the keys, a smaller gradient of them): the others have windows of left + block + right keys and share
+    one broadcast mask."""
     n_blocks = -(-length // block)
     head = min(-(-left // block), n_blocks)
     tail = max(head, min(n_blocks, (length - right) // block))
     step = max(1, queries // block)
-    bounds = [0, head, *range(head + step, tail, step), tail, n_blocks]
+    bounds = [*range(head), *range(head, tail, step), *range(tail, n_blocks + 1)]
+    chunks = []
     for first, last in zip(bounds, bounds[1:]):
-        if first == last:
-            continue
         start, stop = first * block, min(last * block, length)
-        mask = masks(start, last - first)
-        for row in range(batch):
-            yield row, start, stop, left + (last - first) * block + right, mask
+        key_start, key_stop = start - left, last * block + right
+        interior = head <= first and last <= tail
+        if not interior:  # one block at an end: its window clipped to the sequence
+            key_start, key_stop = max(key_start, 0), min(key_stop, length)
+        keys = key_stop - key_start
+        span = keys - (last - first - 1) * block
+        mask = masks(start, last - first, key_start, span)
+        chunks.append(_Chunk(first, last, start, stop, key_start, keys, span, interior, mask))
+    return chunks
 
 
 def _requires_grad(bias: ScoreBias | None, device: torch.device) -> bool:
@@ -321,45 +370,47 @@ def _requires_grad(bias: ScoreBias | None, device: torch.device) -> bool:
 def _chunk_mask_maker(
     length: int, window: int, causal: bool, block: int, bias: ScoreBias | None, start_position: int, dtype
 ):
-    """masks(start, n_blocks) for `_ChunkedBand`: the band (the same for every block away from the sequence's
-    ends: one (block, keys) mask broadcast over them; the chunks at the ends have their own, kept), keys outside
-    the sequence masked, query slots past its end given every key of their block (their outputs are dropped),
-    and the bias added."""
+    """masks(start, n_blocks, key_start, span) for `_ChunkedBand`: the band over each block's `span` keys (block i
+    of the chunk sees keys key_start + i * block on): away from the sequence's ends one (block, span) mask
+    broadcast over the blocks; at the ends a block's own (kept), where query slots past the end see every key of
+    the block (their outputs are dropped); the bias added."""
     left, right = _band_extent(window, causal, length)
     inference = torch.is_inference_mode_enabled()
 
-    def masks(start: int, n_blocks: int) -> torch.Tensor:
-        if start - left >= 0 and start + n_blocks * block + right <= length:
-            interior = _band_block_mask(length, window, causal, block, -1, 1, dtype, inference)
-            mask = interior  # (1, 1, block, keys): the kernel broadcasts it over the blocks
+    def masks(start: int, n_blocks: int, key_start: int, span: int) -> torch.Tensor:
+        if key_start == start - left and span == left + block + right:
+            mask = _interior_band_mask(window, causal, left, right, block, dtype, inference)
         else:
-            mask = _band_block_mask(length, window, causal, block, start, n_blocks, dtype, inference)
+            mask = _end_band_mask(window, causal, block, start, key_start, span, length, dtype, inference)
         if bias is not None:
-            first = start + block * torch.arange(n_blocks)[:, None]  # (nbc, 1)
-            query_positions = start_position + first + torch.arange(block)
-            key_positions = start_position + first - left + torch.arange(left + block + right)
+            first = block * torch.arange(n_blocks)[:, None]  # (nbc, 1)
+            query_positions = start_position + start + first + torch.arange(block)
+            key_positions = start_position + key_start + first + torch.arange(span)
             mask = mask + bias(query_positions, key_positions).to(dtype)
         return mask
 
     return masks
 
 
-@functools.lru_cache(maxsize=16)
-def _band_block_mask(
-    length: int, window: int, causal: bool, block: int, start: int, n_blocks: int, dtype, inference: bool
-) -> torch.Tensor:
-    """(n_blocks, 1, block, keys) additive mask of the query blocks from `start` on; start -1: the interior
-    blocks' one (1, 1, block, keys). Inference-mode tensors are kept apart (autograd cannot save them)."""
+@functools.lru_cache(maxsize=4)
+def _interior_band_mask(window: int, causal: bool, left: int, right: int, block: int, dtype, inference: bool):
+    """(1, 1, block, left + block + right) additive band of every block away from the sequence's ends.
+    Inference-mode tensors are kept apart (autograd cannot save them)."""
     del inference  # part of the cache key only
-    left, right = _band_extent(window, causal, length)
-    allowed = _block_band(window, causal, left, right, block)
-    if start < 0:
-        return additive_mask(allowed, dtype)[None, None]
-    first = start + block * torch.arange(n_blocks)[:, None]
-    key_positions = first - left + torch.arange(left + block + right)
-    allowed = allowed & ((key_positions >= 0) & (key_positions < length))[:, None, :]
-    allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
-    return additive_mask(allowed, dtype)[:, None]
+    return additive_mask(_block_band(window, causal, left, right, block), dtype)[None, None]
+
+
+@functools.lru_cache(maxsize=32)
+def _end_band_mask(
+    window: int, causal: bool, block: int, start: int, key_start: int, span: int, length: int, dtype, inference: bool
+) -> torch.Tensor:
+    """(1, 1, block, span) additive band of the one block of queries from `start` over keys key_start.. (inside
+    the sequence); query slots past its end see every key instead (their outputs are dropped)."""
+    del inference  # part of the cache key only
+    queries = start + torch.arange(block)[:, None]
+    allowed = band(queries, key_start + torch.arange(span)[None, :], window, causal)
+    allowed = allowed | (queries >= length)
+    return additive_mask(allowed, dtype)[None, None]
 
 
 def sliding_window_attention(
