@@ -110,14 +110,24 @@ CHUNKED_CASES = [  # (batch, length, window, block, kv heads, causal): chunks of
 ]
 
 
+@pytest.mark.parametrize("one_block", [False, True])
 @pytest.mark.parametrize("alibi", [False, True])
 @pytest.mark.parametrize(("batch", "length", "window", "block", "kv_heads", "causal"), CHUNKED_CASES)
 def test_chunked_band_matches_masked_attention_across_chunks(
-    alibi: bool, batch: int, length: int, window: int, block: int, kv_heads: int, causal: bool, monkeypatch
+    one_block: bool,
+    alibi: bool,
+    batch: int,
+    length: int,
+    window: int,
+    block: int,
+    kv_heads: int,
+    causal: bool,
+    monkeypatch,
 ) -> None:
     """The CPU path without padding or dropout (`_ChunkedBand`: a chunk of query blocks per fused call, the key
-    windows rebuilt in the backward) equals the formula, outputs and gradients, with a bias and grouped heads."""
-    monkeypatch.setattr(local_module, "CHUNK_QUERIES", 32)
+    windows rebuilt in the backward; chunks of 32 queries, or of one block as the default backward's) equals the
+    formula, outputs and gradients, with a bias and grouped heads."""
+    monkeypatch.setattr(local_module, "CHUNK_QUERIES", block if one_block else 32)
     calls = []
     apply = local_module._ChunkedBand.apply
     monkeypatch.setattr(local_module._ChunkedBand, "apply", lambda *args: calls.append(1) or apply(*args))
