@@ -36,8 +36,9 @@ FORWARD_BLOCK_SIZE = 32
 # Query positions per call of the fused kernel in the chunked path's backward (`_ChunkedBand`): one block. A chunk's
 # temporaries (its key windows' gradients) are (block + window) / block times its queries' size, so the smallest
 # chunk holds the least on top of the gradients themselves; the kernel is also fastest there (cache-resident).
-# Measured at n=8192, window 256, forward+backward of the module: peak 65.0 MiB at 64 (full attention's: 65.1),
-# 65.7 at 128, 69.8 at 512; the kernel's time at 1 thread 234 ms at 64, 270 at 512 (32768, 2 threads: 799 vs 971).
+# Measured at n=8192, window 256, forward+backward of the module, 1 thread: peak 65.0 MiB at 64 (full's 65.1; the
+# benchmark's run beside the test suite: 65.2), 65.7 at 128, 69.8 at 512; the kernel's time at 1 thread 234 ms at
+# 64, 270 at 512 (32768, 2 threads: 799 vs 971).
 CHUNK_QUERIES = 64
 # The forward holds no gradients: bigger chunks, fewer calls (n=8192: 7-10% faster than 512).
 FORWARD_CHUNK_QUERIES = 2048
@@ -225,10 +226,9 @@ class _Row:
         tokens = F.pad(x[self.row, :, chunk.start : chunk.stop], (0, 0, 0, self.block - (chunk.stop - chunk.start)))
         return tokens[None]
 
-    def windows(self, x: torch.Tensor, chunks: list[_Chunk]) -> torch.Tensor | None:
-        """The key windows of x (B, G, n, D) of every interior block from the first interior chunk's on, as
+    def windows(self, x: torch.Tensor, interior: _Chunk | None) -> torch.Tensor | None:
+        """The key windows of x (B, G, n, D) of every block from the first interior chunk `interior` on, as
         (count, G, span, D) views; None without interior chunks."""
-        interior = next((chunk for chunk in chunks if chunk.interior), None)
         if interior is None:
             return None
         rows = x[self.row, :, interior.key_start :].transpose(0, 1)  # (keys, G, D)
@@ -286,10 +286,11 @@ class _ChunkedBand(torch.autograd.Function):
         # The backward's padded query slots: log-sum-exp +inf, so probability 0 (their gradients are dropped).
         lse[:, :, length:] = float("inf")
         chunks = _chunks(length, left, right, block, forward_masks, FORWARD_CHUNK_QUERIES)
-        offset = next((chunk.first for chunk in chunks if chunk.interior), 0)
+        interior = next((chunk for chunk in chunks if chunk.interior), None)
+        offset = interior.first if interior is not None else 0
         for row in range(batch):
             at = _Row(row, block, heads)
-            q_blocks, k_windows, v_windows = at.blocks(q), at.windows(k, chunks), at.windows(v, chunks)
+            q_blocks, k_windows, v_windows = at.blocks(q), at.windows(k, interior), at.windows(v, interior)
             for chunk in chunks:
                 o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                     at.queries(q, q_blocks, chunk), at.chunk_windows(k, k_windows, offset, chunk),
@@ -311,11 +312,12 @@ class _ChunkedBand(torch.autograd.Function):
         grad_k, grad_v = k.new_zeros(batch, length, groups, dim), v.new_zeros(batch, length, groups, dim)
         out, grad_q_heads = out.transpose(1, 2), grad_q.transpose(1, 2)
         chunks = _chunks(length, left, right, block, ctx.masks, CHUNK_QUERIES)
-        offset = next((chunk.first for chunk in chunks if chunk.interior), 0)
+        interior = next((chunk for chunk in chunks if chunk.interior), None)
+        offset = interior.first if interior is not None else 0
         for row in range(batch):
             at = _Row(row, block, heads)
             q_blocks, grad_blocks, out_blocks, grad_q_blocks = map(at.blocks, (q, grad_out, out, grad_q_heads))
-            k_windows, v_windows = at.windows(k, chunks), at.windows(v, chunks)
+            k_windows, v_windows = at.windows(k, interior), at.windows(v, interior)
             lse_blocks = lse[row].unflatten(1, (-1, block)).transpose(0, 1).contiguous()  # (blocks, H, block)
             for chunk in chunks:
                 gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
