@@ -8,7 +8,7 @@ from torch import nn
 
 from zoo.attention import LinearAttention, MultiHeadAttention
 from zoo.attention.feature_maps import elu_feature_map
-from zoo.attention.linear import DEFAULT_CHUNK_SIZE, causal_linear_attention
+from zoo.attention.linear import DEFAULT_CHUNK_SIZE, causal_linear_attention, exclusive_prefix_sum
 
 from .helpers import random_padding, reference_linear_attention
 
@@ -98,10 +98,22 @@ def test_feature_map_is_elu_plus_one_with_its_gradient() -> None:
     torch.testing.assert_close(grad, torch.where(x > 0, 1.0, x.exp()).detach())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_feature_map_keeps_the_precision_of_each_dtype(dtype: torch.dtype) -> None:
+    # fp32 takes exp through exp2 on the CPU: still within 2e-6 (16 ulp) of elu + 1 computed in float64.
+    x = torch.linspace(-16, 6, 100_001).to(dtype)
+    expected = (nn.functional.elu(x.double()) + 1).to(dtype)
+    tolerance = {"rtol": 2e-6, "atol": 0.0} if dtype == torch.float32 else {}
+    torch.testing.assert_close(elu_feature_map(x), expected, **tolerance)
+
+
 @pytest.mark.parametrize("feature_map", ["elu", "favor"])
-@pytest.mark.parametrize(("length", "chunk", "segment"), [(100, 8, 32), (97, 16, 20), (130, 4, 64)])
+# Head dim 32: states of 32 x 32 = 1024 numbers, wide enough for the CPU's prefix-sum loop.
+@pytest.mark.parametrize(
+    ("length", "chunk", "segment", "head_dim"), [(100, 8, 32, 8), (97, 16, 20, 8), (130, 4, 64, 32)]
+)
 def test_causal_segments_carry_the_state_exactly(
-    feature_map: str, length: int, chunk: int, segment: int, monkeypatch
+    feature_map: str, length: int, chunk: int, segment: int, head_dim: int, monkeypatch
 ) -> None:
     """A long causal sequence runs SEGMENT_LENGTH tokens at a time (rounded to whole chunks), each segment
     continuing the last one's state: outputs and gradients equal the one-pass kernel, with padding and a
@@ -110,10 +122,10 @@ def test_causal_segments_carry_the_state_exactly(
     from zoo.attention.contract import HeadLayout
 
     generator = torch.Generator().manual_seed(length + segment)
-    q, k, v = (torch.randn(2, 2, length, 8, generator=generator, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(2, 2, length, head_dim, generator=generator, requires_grad=True) for _ in range(3))
     padding = random_padding(2, length, generator)
     kernel = LinearAttention(chunk_size=chunk, feature_map=feature_map)
-    kernel.setup_heads(HeadLayout(num_heads=2, kv_heads=2, head_dim=8))
+    kernel.setup_heads(HeadLayout(num_heads=2, kv_heads=2, head_dim=head_dim))
     kernel.eval()
     expected, _ = kernel(q, k, v, causal=True, key_padding_mask=padding)  # one segment: SEGMENT_LENGTH > length
     monkeypatch.setattr(linear_module, "SEGMENT_LENGTH", segment)
@@ -133,6 +145,22 @@ def test_causal_segments_carry_the_state_exactly(
     with torch.no_grad():
         inference, _ = kernel(q, k, v, causal=True, key_padding_mask=padding)
     assert inference.is_contiguous() and torch.equal(inference, out.detach())
+
+
+@pytest.mark.parametrize("width", [64, 1024])  # the cumsum path, and the CPU's loop for wide rows
+@pytest.mark.parametrize("with_initial", [False, True])
+def test_exclusive_prefix_sum_starts_from_initial_in_value_and_gradient(width: int, with_initial: bool) -> None:
+    generator = torch.Generator().manual_seed(width)
+    x = torch.randn(3, 6, width, dtype=torch.float64, generator=generator, requires_grad=True)
+    initial = torch.randn(3, width, dtype=torch.float64, generator=generator, requires_grad=True)
+    start = initial if with_initial else torch.zeros_like(initial)
+    expected = torch.stack([start + x[:, :index].sum(dim=1) for index in range(6)], dim=1)
+    got = exclusive_prefix_sum(x, initial if with_initial else None)
+    torch.testing.assert_close(got, expected)
+    grad = torch.randn(got.shape, dtype=torch.float64, generator=generator)
+    inputs = (x, initial) if with_initial else (x,)
+    for have, want in zip(torch.autograd.grad(got, inputs, grad), torch.autograd.grad(expected, inputs, grad)):
+        torch.testing.assert_close(have, want)
 
 
 def test_causal_kernel_writes_into_out_only_where_it_can() -> None:

@@ -19,6 +19,7 @@ import math
 import torch
 
 FEATURE_MAPS = ("elu", "relu", "favor")
+LOG2_E = 1.0 / math.log(2.0)
 
 
 class _EluPlusOne(torch.autograd.Function):
@@ -30,7 +31,13 @@ class _EluPlusOne(torch.autograd.Function):
         # Contiguous output (x is often a strided view of the fused projection), and as few fresh
         # allocations as possible: on the CPU each large one costs page faults.
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
-        negative_part = y.clamp(max=0.0).exp_()
+        negative_part = y.clamp(max=0.0)
+        if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+            # exp(x) = 2^(x log2 e): torch's vectorised exp2 is ~2x its exp on the CPU (elu map 1.11 -> 0.64
+            # ms per 512k floats, 1 thread), at most 9e-7 relative error in fp32 (bf16 would round x log2 e).
+            negative_part.mul_(LOG2_E).exp2_()
+        else:
+            negative_part.exp_()
         y.clamp_(min=0.0).add_(negative_part)
         ctx.save_for_backward(y)
         return y

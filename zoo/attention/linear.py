@@ -112,34 +112,41 @@ def _bidirectional(phi_q: torch.Tensor, phi_k: torch.Tensor, values: torch.Tenso
 
 
 class _ExclusivePrefixSum(torch.autograd.Function):
-    """Sums over all earlier chunks: (N, nc, F) -> (N, nc, F), out_c = x_0 + ... + x_(c-1), by a loop over the
-    chunks that adds (F,)-sized rows in place: on the CPU torch.cumsum along the middle dimension is a
-    strided scalar scan ~3x slower, and its backward flips the gradient twice (profile in
-    experiments/results/recipes.md). The backward is the same sum taken from the other end."""
+    """Sums over all earlier chunks, starting from `initial`: (N, nc, F), (N, F) -> (N, nc, F), out_0 = initial,
+    out_c = out_(c-1) + x_(c-1): one add per chunk written straight into its row (on the CPU torch.cumsum along
+    the middle dimension is a strided scalar scan ~3x slower, and its backward flips the gradient twice;
+    profile in experiments/results/recipes.md). The backward is the same recurrence from the other end."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        return _exclusive_scan(x, reverse=False)
+    def forward(ctx, x: torch.Tensor, initial: torch.Tensor | None) -> torch.Tensor:
+        ctx.has_initial = initial is not None
+        out = torch.empty_like(x)
+        if initial is None:
+            out[:, 0].zero_()
+        else:
+            out[:, 0].copy_(initial)
+        for index in range(1, x.shape[1]):
+            torch.add(out[:, index - 1], x[:, index - 1], out=out[:, index])
+        return out
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return _exclusive_scan(grad.contiguous(), reverse=True)
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # d out_c / d x_j = 1 for every c > j: grad_x_j = grad_x_(j+1) + grad_(j+1), and initial feeds every row.
+        grad = grad.contiguous()
+        grad_x = torch.empty_like(grad)
+        grad_x[:, -1].zero_()
+        for index in reversed(range(grad.shape[1] - 1)):
+            torch.add(grad_x[:, index + 1], grad[:, index + 1], out=grad_x[:, index])
+        return grad_x, (grad_x[:, 0] + grad[:, 0]) if ctx.has_initial else None
 
 
-def _exclusive_scan(x: torch.Tensor, reverse: bool) -> torch.Tensor:
-    out = torch.empty_like(x)
-    total = torch.zeros_like(x[:, 0])
-    for index in reversed(range(x.shape[1])) if reverse else range(x.shape[1]):
-        out[:, index] = total
-        total += x[:, index]
-    return out
-
-
-def exclusive_prefix_sum(x: torch.Tensor) -> torch.Tensor:
-    """(N, nc, F): the sum of the chunks before each chunk (the loop above on the CPU, cumsum elsewhere)."""
-    if x.device.type == "cpu":
-        return _ExclusivePrefixSum.apply(x)
-    return x.cumsum(dim=1) - x
+def exclusive_prefix_sum(x: torch.Tensor, initial: torch.Tensor | None = None) -> torch.Tensor:
+    """(N, nc, F), optional (N, F): `initial` plus the sum of the chunks before each chunk. Wide rows on the
+    CPU take the loop above; narrow ones (z's, F = head dim) and other devices one cumsum, shifted by a row."""
+    if x.device.type == "cpu" and x.shape[-1] >= 1024:
+        return _ExclusivePrefixSum.apply(x, initial)
+    shifted = F.pad(x.cumsum(dim=1)[:, :-1], (0, 0, 1, 0))
+    return shifted if initial is None else shifted + initial[:, None]
 
 
 def causal_linear_attention(
@@ -178,24 +185,18 @@ def causal_linear_attention(
     # Across chunks: each chunk's phi(K)^T V (per key/value head), summed over all earlier chunks.
     chunk_states = torch.bmm(k_chunks.transpose(1, 2), v_chunks).view(batch * kv_heads, n_chunks, dim * width)
     chunk_states = chunk_states.to(sum_dtype)
-    exclusive = exclusive_prefix_sum(chunk_states)
-    final = (exclusive[:, -1] + chunk_states[:, -1]).view(batch, kv_heads, dim, width)
-    exclusive = exclusive.view(batch, kv_heads, n_chunks, dim, width)
     prior = None if state is None else (state[..., :width] if normalise else state)
-    if prior is not None:
-        exclusive = exclusive + prior[:, :, None]
-        final = final + prior
-    exclusive = exclusive.to(phi_q.dtype)
+    prior = None if prior is None else prior.reshape(batch * kv_heads, dim * width).to(sum_dtype)
+    exclusive = exclusive_prefix_sum(chunk_states, prior)  # the state before each chunk, earlier calls included
+    final = (exclusive[:, -1] + chunk_states[:, -1]).view(batch, kv_heads, dim, width)
+    exclusive = exclusive.view(batch, kv_heads, n_chunks, dim, width).to(phi_q.dtype)
     if normalise:  # the same sums for z = sum_j phi(k_j): (B, G, nc, D), a vector per chunk
         chunk_z = phi_k.reshape(batch * kv_heads, n_chunks, chunk, dim).sum(dim=2, dtype=sum_dtype)
-        exclusive_z = exclusive_prefix_sum(chunk_z)
+        prior_z = None if state is None else state[..., width].reshape(batch * kv_heads, dim).to(sum_dtype)
+        exclusive_z = exclusive_prefix_sum(chunk_z, prior_z)
         final_z = (exclusive_z[:, -1] + chunk_z[:, -1]).view(batch, kv_heads, dim)
-        exclusive_z = exclusive_z.view(batch, kv_heads, n_chunks, dim)
-        if state is not None:
-            exclusive_z = exclusive_z + state[:, :, None, :, width]
-            final_z = final_z + state[..., width]
         final = torch.cat([final, final_z[..., None]], dim=-1)
-        exclusive_z = exclusive_z.to(phi_q.dtype)
+        exclusive_z = exclusive_z.view(batch, kv_heads, n_chunks, dim).to(phi_q.dtype)
     if groups > 1:  # every query head of a group reads its key/value head's states and chunks
         exclusive = exclusive[:, :, None].expand(batch, kv_heads, groups, n_chunks, dim, width)
         k_chunks = repeat_kv(phi_k, groups).reshape(-1, chunk, dim)
@@ -209,9 +210,10 @@ def causal_linear_attention(
     numerator = torch.bmm(scores, v_chunks).baddbmm_(q_chunks, exclusive)  # intra + inter, (B * H * nc, C, E)
     if not normalise:
         return numerator.reshape(batch, heads, padded, width)[:, :, :length], final
-    # (B * H * nc, C, 1): intra-chunk row sums plus phi(q) . z of the earlier chunks.
-    denominator = torch.baddbmm(scores.sum(dim=-1, keepdim=True), q_chunks, exclusive_z.reshape(-1, dim, 1))
-    denominator = denominator.add_(EPS)
+    # (B * H * nc, C, 1): intra-chunk row sums plus phi(q) . z of the earlier chunks (a product and a sum:
+    # ~3x faster than baddbmm's matrix-vector products, 128 of them per segment).
+    denominator = (q_chunks * exclusive_z.reshape(-1, 1, dim)).sum(dim=-1, keepdim=True)
+    denominator = denominator.add_(scores.sum(dim=-1, keepdim=True)).add_(EPS)
     if out is not None:
         if torch.is_grad_enabled() or padded != length:
             raise ValueError("causal_linear_attention writes into `out` only without autograd and for whole chunks")
