@@ -13,6 +13,7 @@ a constant close to SDPA's, not (n / block) x (block + window) keys.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -190,8 +191,9 @@ def _blockwise_sliding_window(
 
 class _Chunk(NamedTuple):
     """Query blocks first..last-1 (tokens start..stop-1) and their key windows: `keys` rows from `key_start`, each
-    block's window `span` long (a block every `block` rows); `mask` is their additive mask. Interior chunks' windows
-    are all left + block + right long and inside the sequence; the others (at the ends) are one block each."""
+    block's window `span` long (a block every `block` rows); `masks` makes their additive mask (`mask()`), built
+    when the chunk runs so that at most one end block's mask is alive at a time. Interior chunks' windows are all
+    left + block + right long and inside the sequence; the others (at the ends) are one block each."""
 
     first: int
     last: int
@@ -201,7 +203,10 @@ class _Chunk(NamedTuple):
     keys: int
     span: int
     interior: bool
-    mask: torch.Tensor
+    masks: Callable[[int, int, int, int], torch.Tensor]
+
+    def mask(self) -> torch.Tensor:
+        return self.masks(self.start, self.last - self.first, self.key_start, self.span)
 
 
 class _Row:
@@ -294,7 +299,7 @@ class _ChunkedBand(torch.autograd.Function):
             for chunk in chunks:
                 o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                     at.queries(q, q_blocks, chunk), at.chunk_windows(k, k_windows, offset, chunk),
-                    at.chunk_windows(v, v_windows, offset, chunk), attn_mask=chunk.mask,
+                    at.chunk_windows(v, v_windows, offset, chunk), attn_mask=chunk.mask(),
                 )  # fmt: skip
                 tokens = chunk.stop - chunk.start
                 out[row, chunk.start : chunk.stop] = o.transpose(1, 2).reshape(-1, heads, dim)[:tokens]
@@ -318,13 +323,13 @@ class _ChunkedBand(torch.autograd.Function):
             at = _Row(row, block, heads)
             q_blocks, grad_blocks, out_blocks, grad_q_blocks = map(at.blocks, (q, grad_out, out, grad_q_heads))
             k_windows, v_windows = at.windows(k, interior), at.windows(v, interior)
-            lse_blocks = lse[row].unflatten(1, (-1, block)).transpose(0, 1).contiguous()  # (blocks, H, block)
+            lse_blocks = lse[row].unflatten(1, (-1, block)).transpose(0, 1)  # (blocks, H, block), a view
             for chunk in chunks:
                 gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                     at.queries(grad_out, grad_blocks, chunk), at.queries(q, q_blocks, chunk),
                     at.chunk_windows(k, k_windows, offset, chunk), at.chunk_windows(v, v_windows, offset, chunk),
-                    at.queries(out, out_blocks, chunk), lse_blocks[chunk.first : chunk.last], 0.0, False,
-                    attn_mask=chunk.mask,
+                    at.queries(out, out_blocks, chunk), lse_blocks[chunk.first : chunk.last].contiguous(), 0.0, False,
+                    attn_mask=chunk.mask(),
                 )  # fmt: skip
                 if chunk.last <= grad_q_blocks.shape[0]:
                     grad_q_blocks[chunk.first : chunk.last] = gq
@@ -356,8 +361,7 @@ def _chunks(length: int, left: int, right: int, block: int, masks, queries: int)
             key_start, key_stop = max(key_start, 0), min(key_stop, length)
         keys = key_stop - key_start
         span = keys - (last - first - 1) * block
-        mask = masks(start, last - first, key_start, span)
-        chunks.append(_Chunk(first, last, start, stop, key_start, keys, span, interior, mask))
+        chunks.append(_Chunk(first, last, start, stop, key_start, keys, span, interior, masks))
     return chunks
 
 
@@ -374,16 +378,19 @@ def _chunk_mask_maker(
 ):
     """masks(start, n_blocks, key_start, span) for `_ChunkedBand`: the band over each block's `span` keys (block i
     of the chunk sees keys key_start + i * block on): away from the sequence's ends one (block, span) mask
-    broadcast over the blocks; at the ends a block's own (kept), where query slots past the end see every key of
-    the block (their outputs are dropped); the bias added."""
+    broadcast over the blocks; at the ends a block's clipped window takes a slice of it (a view), and the partial
+    last block its own mask, where query slots past the end see every key (their outputs are dropped); the bias
+    added."""
     left, right = _band_extent(window, causal, length)
     inference = torch.is_inference_mode_enabled()
 
     def masks(start: int, n_blocks: int, key_start: int, span: int) -> torch.Tensor:
-        if key_start == start - left and span == left + block + right:
-            mask = _interior_band_mask(window, causal, left, right, block, dtype, inference)
-        else:
-            mask = _end_band_mask(window, causal, block, start, key_start, span, length, dtype, inference)
+        interior = _interior_band_mask(window, causal, left, right, block, dtype, inference)
+        offset = key_start - (start - left)  # the band depends on key - query only: an end block's clipped
+        if start + block <= length and offset >= 0 and offset + span <= interior.shape[-1]:  # window is a slice
+            mask = interior[..., offset : offset + span].contiguous()
+        else:  # the partial last block, whose slots past the end see every key
+            mask = _end_band_mask(window, causal, block, start, key_start, span, length, dtype)
         if bias is not None:
             first = block * torch.arange(n_blocks)[:, None]  # (nbc, 1)
             query_positions = start_position + start + first + torch.arange(block)
@@ -402,13 +409,12 @@ def _interior_band_mask(window: int, causal: bool, left: int, right: int, block:
     return additive_mask(_block_band(window, causal, left, right, block), dtype)[None, None]
 
 
-@functools.lru_cache(maxsize=32)
 def _end_band_mask(
-    window: int, causal: bool, block: int, start: int, key_start: int, span: int, length: int, dtype, inference: bool
+    window: int, causal: bool, block: int, start: int, key_start: int, span: int, length: int, dtype
 ) -> torch.Tensor:
     """(1, 1, block, span) additive band of the one block of queries from `start` over keys key_start.. (inside
-    the sequence); query slots past its end see every key instead (their outputs are dropped)."""
-    del inference  # part of the cache key only
+    the sequence); query slots past its end see every key instead (their outputs are dropped). Not cached: a few
+    microseconds to build, and a cache would hold every end block's mask through the backward."""
     queries = start + torch.arange(block)[:, None]
     allowed = band(queries, key_start + torch.arange(span)[None, :], window, causal)
     allowed = allowed | (queries >= length)
