@@ -26,7 +26,11 @@ exits with a one-line error (bad input: a variant that cannot run a task by defi
 
 Results: experiments/results/variant_study.{md,json,png} (--quick: experiments/results/quick/), with every job's
 wall time, date and the machine; the jobs' folders are outputs/variant_study/<mode>/<task>/<row>-seed<n>/ (an '='
-in a row's name written as '-').
+in a row's name written as '-'). Every job that finished with a number is also recorded in the ledger,
+<results>/variant_study_runs/<task>/<row>-seed<n>.json (committed with the results): the full study takes longer
+than one sitting, so `--reuse` also takes a job from the ledger, and the study can be run a few rows or tasks at
+a time (`--rows`, `--tasks`), on different days, and assembled by a last `--reuse` run; the page says which jobs
+were measured earlier, when and on which machine.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ STOPPED_BY_SIGNAL = {130: "Ctrl-C", 138: "SIGUSR1", 143: "SIGTERM"}  # run.py's 
 # (linear, ntk); 4 is the factor of the 4x-the-block column.
 COMPANIONS = {"rope_scaling": {"rope_factor": 4.0}}
 LONG_RUN_S = 300.0  # jobs shorter than this get 3 seeds (median reported)
+LEDGER = "variant_study_runs"  # beside the results: every finished job's record (see the module docstring)
 SPEED_SHAPES = {784: (256, None), 2000: (16, 0)}  # n -> (vocabulary, padding id): the pixel task, ListOps
 
 # Long Range Arena, Tay et al. 2021, Table 1 (accuracy %, as the LRA repository's leaderboard of 8 Nov 2020):
@@ -307,10 +312,33 @@ def error_line(log: Path) -> str:
     return lines[-1][len("error: ") :] if lines else "exit 2 without a message"
 
 
-def run_job(job: Job, reuse: bool) -> dict:
-    record = job.folder / "study_result.json"
-    if reuse and record.is_file():
-        return json.loads(record.read_text())
+def ledger_file(ledger: Path, job: Job, kind: str = "") -> Path:
+    """The ledger's record of a job: <ledger>/<task>/<row>-seed<n>[.<kind>].json."""
+    folder = job_folder(ledger, job.task, job.row, job.seed)
+    return folder.with_name(f"{folder.name}{'.' + kind if kind else ''}.json")
+
+
+def kept(paths: list[Path]) -> dict | None:
+    """The first record among `paths` that exists (the job's own folder first, then the ledger)."""
+    for path in paths:
+        if path.is_file():
+            return json.loads(path.read_text())
+    return None
+
+
+def record(result: dict, paths: list[Path]) -> None:
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def run_job(job: Job, reuse: bool, ledger: Path | None = None, machine_name: str = "") -> dict:
+    """Run one job (or, with `reuse`, take its record from its folder or the ledger). A job that ends with a
+    number is also written to the ledger; errors and failures are not (they are redone next time)."""
+    own = job.folder / "study_result.json"
+    in_ledger = [ledger_file(ledger, job)] if ledger is not None else []
+    if reuse and (found := kept([own, *in_ledger])) is not None:
+        return {**found, "reused": True}
     missing = [str(path) for path in job.task.needs if not any(path.parent.glob(path.name))]
     if missing:
         return {"status": "skipped", "reason": f"{', '.join(missing)} not found"}
@@ -333,10 +361,10 @@ def run_job(job: Job, reuse: bool) -> dict:
     else:
         result = {"status": "failed", "reason": f"failed (exit {code}): see {log}"}
     result.update(wall_s=round(wall, 1), date=datetime.now().strftime("%Y-%m-%d %H:%M"), seed=job.seed,
-                  command="python run.py " + " ".join(job.arguments))  # fmt: skip
+                  machine=machine_name, command="python run.py " + " ".join(job.arguments))  # fmt: skip
     print(f"{result['status']} {fmt(result.get('value'), job.task.digits) if result['status'] == 'ok' else ''} "
           f"({wall:.0f} s)", flush=True)  # fmt: skip
-    record.write_text(json.dumps(result, indent=2) + "\n")
+    record(result, [own, *(in_ledger if result["status"] == "ok" else [])])
     return result
 
 
@@ -406,18 +434,19 @@ def extrapolation(job: Job, quick: bool, factor: int = 4) -> dict:
 
 def longer_block(job: Job, result: dict, args: argparse.Namespace) -> dict:
     """The 4x evaluation of a finished GPT job, kept beside it (reused with --reuse)."""
-    record = job.folder / "study_extrapolation.json"
+    own = job.folder / "study_extrapolation.json"
+    in_ledger = [ledger_file(args.ledger, job, "extrapolation")] if args.ledger is not None else []
     if result["status"] != "ok":
         return {"status": result["status"], "reason": result.get("reason")}
-    if args.reuse and record.is_file():
-        return json.loads(record.read_text())
+    if args.reuse and (found := kept([own, *in_ledger])) is not None:
+        return found
     start = time.perf_counter()
     try:
         outcome = extrapolation(job, args.quick)
     except Exception as error:  # a bug in this evaluation must not end the study
         outcome = {"status": "failed", "reason": f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"}
     outcome["wall_s"] = round(time.perf_counter() - start, 1)
-    record.write_text(json.dumps(outcome, indent=2) + "\n")
+    record(outcome, [own, *(in_ledger if outcome["status"] == "ok" else [])])
     return outcome
 
 
@@ -507,7 +536,7 @@ def run_study(args: argparse.Namespace, rows: list[Row], columns: list[Task]) ->
             results = []
             for seed in range(args.seeds):
                 job = Job(task, row, seed, job_folder(runs_dir, task, row, seed))
-                result = run_job(job, args.reuse)
+                result = run_job(job, args.reuse, args.ledger, args.machine_name)
                 results.append(result)
                 if task.key == "gpt_char":
                     cells[row.name].setdefault(EXTRAPOLATION, {"runs": []})["runs"].append(
@@ -624,6 +653,20 @@ def plot(cells: dict, quality: list[tuple[str, str, int, bool]], path: Path) -> 
     plt.close(fig)
 
 
+def provenance(cells: dict) -> str:
+    """Which jobs this run measured and which it took from earlier runs (--reuse): when, and on which machines."""
+    runs = [run for row in cells.values() for cell in row.values() for run in cell.get("runs", [])
+            if run.get("status") == "ok" and "command" in run]  # fmt: skip
+    earlier = [run for run in runs if run.get("reused")]
+    if not earlier:
+        return "Every job ran in this run, on this machine."
+    dates = sorted(run["date"] for run in earlier if run.get("date")) or ["date not recorded"]
+    machines = sorted({run.get("machine") or "machine not recorded" for run in earlier})
+    return (f"{len(runs) - len(earlier)} of the {len(runs)} jobs with a number ran in this run; {len(earlier)} were "
+            f"measured earlier ({dates[0]} to {dates[-1]}, on {'; '.join(machines)}) and taken from their records "
+            f"(--reuse: the job folders, or the ledger {LEDGER}/).")  # fmt: skip
+
+
 def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min) -> str:
     quality = columns_of(columns)
     notes = Footnotes()
@@ -653,7 +696,7 @@ def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min) -> s
     parts = [
         "# The variant study",
         f"Written by `python experiments/variant_study.py{' --quick' if args.quick else ''}{selection}` ({mode}) in "
-        f"{wall_min:.1f} min. Every number below is measured by that command on this machine; none is typed in. "
+        f"{wall_min:.1f} min. Every number below is measured by that command; none is typed in. {provenance(cells)} "
         f"Cells are the median over seeds (range in brackets; a job shorter than {LONG_RUN_S / 60:.0f} minutes runs "
         f"{args.seeds} seed(s)); a cell without a number names the one-line error the job got (footnotes).",
         table(["machine", ""], [[k, v] for k, v in info.items()]),
@@ -696,10 +739,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fashion-mnist", type=Path, default=Path("/usr/share/datasets/fashion-mnist"))
     parser.add_argument("--out", type=Path, default=None, help="results folder (default experiments/results[/quick])")
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "outputs" / "variant_study")
+    parser.add_argument("--ledger", type=Path, default=None,
+                        help=f"finished jobs, read by --reuse (default <out>/{LEDGER}; none: off)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     args = parser.parse_args(argv)
     args.seeds = args.seeds or (1 if args.quick else 3)
     args.out = args.out or ROOT / "experiments" / "results" / ("quick" if args.quick else "")
+    args.ledger = None if str(args.ledger) == "none" else (args.ledger or args.out / LEDGER)
+    args.machine_name = ""  # filled in by main
     return args
 
 
@@ -713,6 +760,7 @@ def main(argv: list[str] | None = None) -> Path:
     if args.threads:
         torch.set_num_threads(args.threads)  # every job runs in this process, so they all get it
     info = {**machine(), "torch threads": str(torch.get_num_threads())}
+    args.machine_name = info["CPU"]
     rows, left_out = discover_rows()
     if args.rows:
         unknown = sorted(set(args.rows) - {row.name for row in rows})

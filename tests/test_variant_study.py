@@ -110,6 +110,43 @@ def test_a_job_that_cannot_run_shows_its_one_line_error_and_missing_data_skips(t
     assert not (tmp_path / "runs" / "gpt").exists()
 
 
+def test_finished_jobs_go_to_the_ledger_and_reuse_takes_them_from_it(tmp_path: Path, monkeypatch) -> None:
+    """The full study spans sessions: a job that ended with a number is recorded in the ledger (committed with the
+    results), and --reuse takes it from there when its job folder is gone; errors are not kept (redone)."""
+    values = iter([0.91, 0.5])
+
+    def fake_run(arguments: list[str], log: Path) -> int:
+        folder = Path(next(a for a in arguments if a.startswith("hydra.run.dir=")).split("=", 1)[1])
+        (folder / "metrics.json").write_text(json.dumps({"test/acc": next(values)}))
+        log.write_text("")
+        return 0
+
+    monkeypatch.setattr(variant_study, "run_in_process", fake_run)
+    row = variant_study.Row("full+kv_heads=1", ("++attention.kv_heads=1",), {}, "test")
+    task = variant_study.Task("vit_digits", "ViT", "test/acc", True, ("model=vit",))
+    ledger = tmp_path / "results" / variant_study.LEDGER
+    job = variant_study.Job(task, row, 2, tmp_path / "runs" / "a")
+    first = variant_study.run_job(job, reuse=False, ledger=ledger, machine_name="CPU X")
+    kept_file = ledger / "vit_digits" / "full+kv_heads-1-seed2.json"
+    assert first["status"] == "ok" and first["value"] == 0.91 and first["machine"] == "CPU X"
+    assert json.loads(kept_file.read_text()) == first
+    elsewhere = variant_study.Job(task, row, 2, tmp_path / "other-session" / "a")  # no job folder there
+    again = variant_study.run_job(elsewhere, reuse=True, ledger=ledger)
+    assert again == {**first, "reused": True} and not elsewhere.folder.exists()
+    fresh = variant_study.run_job(elsewhere, reuse=False, ledger=ledger, machine_name="CPU Y")
+    assert fresh["value"] == 0.5 and json.loads(kept_file.read_text())["machine"] == "CPU Y"  # rerun: replaced
+    cells = {"full": {"vit_digits": {"runs": [first, again]}}}
+    text = variant_study.provenance(cells)
+    assert "1 of the 2 jobs with a number ran in this run; 1 were measured earlier" in text and "CPU X" in text
+    assert variant_study.provenance({"full": {"vit_digits": {"runs": [first]}}}).startswith("Every job ran")
+    bad = variant_study.Task("vit_bad", "ViT", "test/acc", True, ("model=vit",))
+    monkeypatch.setattr(variant_study, "run_in_process", lambda arguments, log: log.write_text("error: no") and 2)
+    error = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "b"), False, ledger)
+    assert error["status"] == "error" and not (ledger / "vit_bad").exists()
+    assert variant_study.parse_args(["--ledger", "none"]).ledger is None
+    assert variant_study.parse_args(["--out", str(tmp_path)]).ledger == tmp_path / variant_study.LEDGER
+
+
 @pytest.mark.parametrize("status", [130, 138, 143])
 def test_a_job_stopped_by_a_signal_stops_the_study(status: int, tmp_path: Path, monkeypatch) -> None:
     # run.py takes Ctrl-C / SIGUSR1 / SIGTERM as "save and stop"; in-process, the study must stop with it.

@@ -163,6 +163,37 @@ def test_exclusive_prefix_sum_starts_from_initial_in_value_and_gradient(width: i
         torch.testing.assert_close(have, want)
 
 
+def test_long_inference_reuses_one_workspace_across_segments(monkeypatch) -> None:
+    """Without autograd the segments of a long sequence share their scratch tensors (each fresh large tensor costs
+    page faults on the CPU): one buffer per role for all four segments, and the same numbers as with autograd."""
+    from zoo.attention import linear as linear_module
+    from zoo.attention.contract import HeadLayout
+
+    monkeypatch.setattr(linear_module, "SEGMENT_LENGTH", 32)
+    seen: dict[str, set[int]] = {}
+    original = linear_module._scratch
+
+    def spy(workspace, name, shape, like):
+        buffer = original(workspace, name, shape, like)
+        if buffer is not None:
+            seen.setdefault(name, set()).add(buffer.data_ptr())
+        return buffer
+
+    monkeypatch.setattr(linear_module, "_scratch", spy)
+    kernel = LinearAttention(chunk_size=8)
+    kernel.setup_heads(HeadLayout(num_heads=2, kv_heads=2, head_dim=32))
+    q, k, v = (torch.randn(1, 2, 128, 32, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    expected, _ = kernel(q, k, v, causal=True)  # autograd on: no workspace
+    assert not seen
+    with torch.no_grad():
+        out, _ = kernel(q, k, v, causal=True)
+    roles = {"phi_q", "phi_k", "negative", "states", "exclusive", "scores", "numerator", "product"}
+    assert set(seen) == roles and all(len(pointers) == 1 for pointers in seen.values()), seen
+    assert torch.equal(out, expected)
+    with pytest.raises(ValueError, match="only without autograd"):
+        causal_linear_attention(q, k, v, 8, workspace={})
+
+
 def test_causal_kernel_writes_into_out_only_where_it_can() -> None:
     phi_q, phi_k = elu_feature_map(torch.randn(1, 2, 16, 4)), elu_feature_map(torch.randn(1, 2, 16, 4))
     values, target = torch.randn(1, 2, 16, 3), torch.zeros(1, 2, 20, 3)

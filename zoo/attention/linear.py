@@ -43,12 +43,28 @@ DEFAULT_CHUNK_SIZE = 64
 # n=32768 forward 289 -> 184 ms, forward+backward 1001 -> 681 ms; 1024 and 4096 no better.
 SEGMENT_LENGTH = 2048
 
-# phi(x, is_query): queries and keys may be mapped differently (FAVOR+ stabilises queries only).
-FeatureMap = Callable[[torch.Tensor, bool], torch.Tensor]
+# phi(x, is_query, workspace): queries and keys may be mapped differently (FAVOR+ stabilises queries only);
+# `workspace` (or None): scratch tensors to write into, see `_scratch`.
+FeatureMap = Callable[[torch.Tensor, bool, "dict | None"], torch.Tensor]
 
 
-def _elu(x: torch.Tensor, is_query: bool) -> torch.Tensor:
-    return elu_feature_map(x)
+def _scratch(workspace: dict | None, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor | None:
+    """A scratch tensor of `shape` that the segments of one long causal call without autograd reuse (on the CPU
+    every large fresh tensor costs page faults: ~2,000-4,000 per forward at n=8192, 10-20 ms, and the main
+    source of its run-to-run spread); None without a workspace (allocate as usual)."""
+    if workspace is None:
+        return None
+    buffer = workspace.get(name)
+    if buffer is None or buffer.shape != shape or buffer.dtype != like.dtype:
+        buffer = workspace[name] = like.new_empty(shape)
+    return buffer
+
+
+def _elu(x: torch.Tensor, is_query: bool, workspace: dict | None = None) -> torch.Tensor:
+    if workspace is None:
+        return elu_feature_map(x)
+    role = "phi_q" if is_query else "phi_k"
+    return elu_feature_map(x, _scratch(workspace, role, x.shape, x), _scratch(workspace, "negative", x.shape, x))
 
 
 def _features(
@@ -58,6 +74,7 @@ def _features(
     key_padding_mask: torch.Tensor | None,
     dropout_p: float,
     feature_map: FeatureMap = _elu,
+    workspace: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """phi(q), phi(k) with padded keys zeroed (they contribute nothing), and v (dropped out).
 
@@ -66,7 +83,7 @@ def _features(
     shared by all queries (per-entry masks would need the n x n matrix); like softmax attention
     dropout it leaves the expected output unchanged.
     """
-    phi_q, phi_k = feature_map(q, True), feature_map(k, False)
+    phi_q, phi_k = feature_map(q, True, workspace), feature_map(k, False, workspace)
     if key_padding_mask is not None:
         phi_k = phi_k.masked_fill(key_padding_mask.bool()[:, None, :, None], 0.0)
     if dropout_p > 0.0:
@@ -120,14 +137,7 @@ class _ExclusivePrefixSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, initial: torch.Tensor | None) -> torch.Tensor:
         ctx.has_initial = initial is not None
-        out = torch.empty_like(x)
-        if initial is None:
-            out[:, 0].zero_()
-        else:
-            out[:, 0].copy_(initial)
-        for index in range(1, x.shape[1]):
-            torch.add(out[:, index - 1], x[:, index - 1], out=out[:, index])
-        return out
+        return _exclusive_scan(x, initial, torch.empty_like(x))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -140,10 +150,25 @@ class _ExclusivePrefixSum(torch.autograd.Function):
         return grad_x, (grad_x[:, 0] + grad[:, 0]) if ctx.has_initial else None
 
 
-def exclusive_prefix_sum(x: torch.Tensor, initial: torch.Tensor | None = None) -> torch.Tensor:
+def _exclusive_scan(x: torch.Tensor, initial: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    if initial is None:
+        out[:, 0].zero_()
+    else:
+        out[:, 0].copy_(initial)
+    for index in range(1, x.shape[1]):
+        torch.add(out[:, index - 1], x[:, index - 1], out=out[:, index])
+    return out
+
+
+def exclusive_prefix_sum(
+    x: torch.Tensor, initial: torch.Tensor | None = None, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """(N, nc, F), optional (N, F): `initial` plus the sum of the chunks before each chunk. Wide rows on the
-    CPU take the loop above; narrow ones (z's, F = head dim) and other devices one cumsum, shifted by a row."""
+    CPU take the loop above (written into `out`, x's shape, if given, without autograd); narrow ones (z's,
+    F = head dim) and other devices one cumsum, shifted by a row."""
     if x.device.type == "cpu" and x.shape[-1] >= 1024:
+        if out is not None and not torch.is_grad_enabled():
+            return _exclusive_scan(x, initial, out)
         return _ExclusivePrefixSum.apply(x, initial)
     shifted = F.pad(x.cumsum(dim=1)[:, :-1], (0, 0, 1, 0))
     return shifted if initial is None else shifted + initial[:, None]
@@ -158,6 +183,7 @@ def causal_linear_attention(
     *,
     normalise: bool = False,
     out: torch.Tensor | None = None,
+    workspace: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked causal linear attention on features: (B, H, T, D), (B, G, T, D), (B, G, T, E), G dividing H.
 
@@ -167,7 +193,8 @@ def causal_linear_attention(
     same chunks (row sums of the intra-chunk scores, phi(q) . z of the earlier chunks) instead of from a
     column of ones appended to the values (one copy of the values fewer, and E stays matmul-aligned).
     `out` (normalise, no autograd, whole chunks only): a (B, H, T, E) view the output is written into, e.g. a
-    segment of a longer output (no joining copy afterwards).
+    segment of a longer output (no joining copy afterwards). `workspace` (no autograd): a dict of scratch tensors
+    (`_scratch`) that the calls for one sequence's segments share.
     """
     batch, heads, length, dim = phi_q.shape
     kv_heads, width = phi_k.shape[1], values.shape[-1]
@@ -183,11 +210,17 @@ def causal_linear_attention(
     v_chunks = values.reshape(-1, chunk, width)
     sum_dtype = torch.promote_types(phi_q.dtype, torch.float32)  # long sums in fp32 also for bf16
     # Across chunks: each chunk's phi(K)^T V (per key/value head), summed over all earlier chunks.
-    chunk_states = torch.bmm(k_chunks.transpose(1, 2), v_chunks).view(batch * kv_heads, n_chunks, dim * width)
+    if workspace is not None and torch.is_grad_enabled():
+        raise ValueError("causal_linear_attention reuses a workspace only without autograd")
+    states_out = _scratch(workspace, "states", (k_chunks.shape[0], dim, width), phi_k)
+    chunk_states = torch.bmm(k_chunks.transpose(1, 2), v_chunks, out=states_out)
+    chunk_states = chunk_states.view(batch * kv_heads, n_chunks, dim * width)
     chunk_states = chunk_states.to(sum_dtype)
     prior = None if state is None else (state[..., :width] if normalise else state)
     prior = None if prior is None else prior.reshape(batch * kv_heads, dim * width).to(sum_dtype)
-    exclusive = exclusive_prefix_sum(chunk_states, prior)  # the state before each chunk, earlier calls included
+    exclusive_out = _scratch(workspace, "exclusive", chunk_states.shape, chunk_states)
+    # The state before each chunk, earlier calls included.
+    exclusive = exclusive_prefix_sum(chunk_states, prior, exclusive_out)
     final = (exclusive[:, -1] + chunk_states[:, -1]).view(batch, kv_heads, dim, width)
     exclusive = exclusive.view(batch, kv_heads, n_chunks, dim, width).to(phi_q.dtype)
     if normalise:  # the same sums for z = sum_j phi(k_j): (B, G, nc, D), a vector per chunk
@@ -206,13 +239,19 @@ def causal_linear_attention(
     exclusive = exclusive.reshape(-1, dim, width)
     q_chunks = phi_q.reshape(-1, chunk, dim)  # (B * H * nc, C, D)
     # Inside a chunk: the quadratic form with a causal mask, (C, C) per chunk.
-    scores = torch.bmm(q_chunks, k_chunks.transpose(1, 2)).tril_()
-    numerator = torch.bmm(scores, v_chunks).baddbmm_(q_chunks, exclusive)  # intra + inter, (B * H * nc, C, E)
+    rows = q_chunks.shape[0]
+    scores = torch.bmm(
+        q_chunks, k_chunks.transpose(1, 2), out=_scratch(workspace, "scores", (rows, chunk, chunk), phi_q)
+    )
+    scores = scores.tril_()
+    numerator = torch.bmm(scores, v_chunks, out=_scratch(workspace, "numerator", (rows, chunk, width), values))
+    numerator = numerator.baddbmm_(q_chunks, exclusive)  # intra + inter, (B * H * nc, C, E)
     if not normalise:
         return numerator.reshape(batch, heads, padded, width)[:, :, :length], final
     # (B * H * nc, C, 1): intra-chunk row sums plus phi(q) . z of the earlier chunks (a product and a sum:
     # ~3x faster than baddbmm's matrix-vector products, 128 of them per segment).
-    denominator = (q_chunks * exclusive_z.reshape(-1, 1, dim)).sum(dim=-1, keepdim=True)
+    product = _scratch(workspace, "product", q_chunks.shape, q_chunks)
+    denominator = torch.mul(q_chunks, exclusive_z.reshape(-1, 1, dim), out=product).sum(dim=-1, keepdim=True)
     denominator = denominator.add_(scores.sum(dim=-1, keepdim=True)).add_(EPS)
     if out is not None:
         if torch.is_grad_enabled() or padded != length:
@@ -275,9 +314,9 @@ class LinearAttention(Kernel):
         self.projection = orthogonal_random_features(rows, dim).to(self.projection)
         self.forwards_since_redraw.zero_()
 
-    def _phi(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
+    def _phi(self, x: torch.Tensor, is_query: bool, workspace: dict | None = None) -> torch.Tensor:
         if self.feature_map == "elu":
-            return elu_feature_map(x)
+            return _elu(x, is_query, workspace)
         if self.feature_map == "relu":
             return relu_feature_map(x)
         if self.projection is None:
@@ -324,13 +363,16 @@ class LinearAttention(Kernel):
         masks = key_padding_mask.split(segment, dim=1) if key_padding_mask is not None else [None] * len(pieces[0])
         direct = len(pieces[0]) > 1 and not torch.is_grad_enabled()
         joined = q.new_empty(q.shape[:3] + v.shape[-1:]) if direct else None
+        workspace = {} if direct else None  # the segments' scratch tensors, allocated once (`_scratch`)
         outs, state, start = [], None, 0
         for q_part, k_part, v_part, padding in zip(*pieces, masks):
-            phi_q, phi_k, values = _features(q_part, k_part, v_part, padding, dropout_p, self._phi)
+            phi_q, phi_k, values = _features(q_part, k_part, v_part, padding, dropout_p, self._phi, workspace)
             end = start + q_part.shape[2]
             whole = direct and q_part.shape[2] % chunk == 0
             target = joined[:, :, start:end] if whole else None
-            out, state = causal_linear_attention(phi_q, phi_k, values, chunk, state, normalise=True, out=target)
+            out, state = causal_linear_attention(
+                phi_q, phi_k, values, chunk, state, normalise=True, out=target, workspace=workspace
+            )
             if direct and not whole:  # the last segment's partial chunk: computed apart, then copied in
                 joined[:, :, start:end] = out
             elif not direct:

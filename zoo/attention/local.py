@@ -378,9 +378,9 @@ def _chunk_mask_maker(
 ):
     """masks(start, n_blocks, key_start, span) for `_ChunkedBand`: the band over each block's `span` keys (block i
     of the chunk sees keys key_start + i * block on): away from the sequence's ends one (block, span) mask
-    broadcast over the blocks; at the ends a block's clipped window takes a slice of it (a view), and the partial
-    last block its own mask, where query slots past the end see every key (their outputs are dropped); the bias
-    added."""
+    broadcast over the blocks; at the ends a block's clipped window takes a slice of it (copied per call, freed
+    after it), and the partial last block its own mask, where query slots past the end see every key (their
+    outputs are dropped); the bias added."""
     left, right = _band_extent(window, causal, length)
     inference = torch.is_inference_mode_enabled()
 
@@ -413,8 +413,8 @@ def _end_band_mask(
     window: int, causal: bool, block: int, start: int, key_start: int, span: int, length: int, dtype
 ) -> torch.Tensor:
     """(1, 1, block, span) additive band of the one block of queries from `start` over keys key_start.. (inside
-    the sequence); query slots past its end see every key instead (their outputs are dropped). Not cached: a few
-    microseconds to build, and a cache would hold every end block's mask through the backward."""
+    the sequence); query slots past its end see every key instead (their outputs are dropped). Not cached (~0.07
+    ms to build, for the one partial block of a call): a cache would hold its mask through the backward."""
     queries = start + torch.arange(block)[:, None]
     allowed = band(queries, key_start + torch.arange(span)[None, :], window, causal)
     allowed = allowed | (queries >= length)
