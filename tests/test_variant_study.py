@@ -103,7 +103,7 @@ def test_a_job_that_cannot_run_shows_its_one_line_error_and_missing_data_skips(t
     result = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "bad"), reuse=False)
     assert result["status"] == "error" and "patch" in result["reason"] and "\n" not in result["reason"]
     again = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "bad"), reuse=True)
-    assert again == result  # --reuse reads the record instead of running again
+    assert again == {**result, "reused": True}  # --reuse reads the record instead of running again
     gpt = next(task for task in variant_study.tasks(args) if task.key == "gpt_char")
     skipped = variant_study.run_job(variant_study.Job(gpt, row, 0, tmp_path / "runs" / "gpt"), reuse=False)
     assert skipped["status"] == "skipped" and "input.txt not found" in skipped["reason"]
