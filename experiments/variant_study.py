@@ -783,11 +783,11 @@ def main(argv: list[str] | None = None) -> Path:
     plot(cells, columns_of(columns), args.out / "variant_study.png")
     path = args.out / "variant_study.md"
     path.write_text(markdown(args, info, rows, left_out, columns, cells, speed, wall_min))
-    record = {"machine": info, "mode": "quick" if args.quick else "full", "wall_min": round(wall_min, 1),
-              "rows": [asdict(row) for row in rows], "left_out": left_out,
-              "tasks": [{**asdict(task), "needs": [str(p) for p in task.needs]} for task in columns],
-              "cells": cells, "speed": speed}  # fmt: skip
-    (args.out / "variant_study.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    summary = {"machine": info, "mode": "quick" if args.quick else "full", "wall_min": round(wall_min, 1),
+               "rows": [asdict(row) for row in rows], "left_out": left_out,
+               "tasks": [{**asdict(task), "needs": [str(p) for p in task.needs]} for task in columns],
+               "cells": cells, "speed": speed}  # fmt: skip
+    (args.out / "variant_study.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     print(f"\nwrote {path} in {wall_min:.1f} min", flush=True)
     return path
 

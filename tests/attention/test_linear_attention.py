@@ -192,6 +192,8 @@ def test_long_inference_reuses_one_workspace_across_segments(monkeypatch) -> Non
     assert torch.equal(out, expected)
     with pytest.raises(ValueError, match="only without autograd"):
         causal_linear_attention(q, k, v, 8, workspace={})
+    with pytest.raises(ValueError, match="only without autograd"):
+        elu_feature_map(q.requires_grad_(), out=torch.empty_like(q))
 
 
 def test_causal_kernel_writes_into_out_only_where_it_can() -> None:
