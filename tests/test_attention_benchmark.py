@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -82,3 +83,19 @@ def test_local_training_peak_memory_is_at_most_full_attentions() -> None:
     finally:
         torch.set_num_threads(threads)
     assert peaks["local"] <= peaks["full"], peaks
+
+
+def test_time_per_doubling_is_one_power_law_through_every_length_not_the_worst_pair() -> None:
+    def rows(times: dict[int, float]) -> list[dict]:
+        return [{"device": "cpu", "variant": "linear", "length": n, "forward_ms": t} for n, t in times.items()]
+
+    assert bench.fitted_doubling(rows({4096: 10.0, 8192: 20.0, 16384: 40.0}), "cpu", "linear", "forward_ms", 4096) == (
+        pytest.approx(2.0)
+    )
+    # quadratic growth reads as 4x; lengths below the first one counted are left out
+    quadratic = rows({2048: 1.0, 4096: 16.0, 8192: 64.0, 16384: 256.0})
+    assert bench.fitted_doubling(quadratic, "cpu", "linear", "forward_ms", 4096) == pytest.approx(4.0)
+    # a slow middle pair (2.6x, then 1.5x) is noise around one slope of ~1.97x, not a failure of linearity
+    noisy = rows({4096: 10.0, 8192: 20.0, 16384: 52.0, 32768: 78.0})
+    assert 1.9 < bench.fitted_doubling(noisy, "cpu", "linear", "forward_ms", 4096) < 2.1
+    assert math.isnan(bench.fitted_doubling(rows({4096: 10.0}), "cpu", "linear", "forward_ms", 4096))  # one length
