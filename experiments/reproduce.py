@@ -389,6 +389,33 @@ def kv_memory_markdown(out: Path) -> str:
 TWO_THREADS = "attention_benchmark_2threads"  # the benchmark's 2-thread run, a folder of the results
 
 
+# Issues #17's and #15's kernel targets: the kernel alone against bare SDPA (causal; compressed against
+# bidirectional SDPA): variant -> ((mode, n, at least this speed-up), ...).
+KERNEL_TARGETS = {
+    "local": (("forward", 8192, 10), ("forward", 32768, 30), ("train", 8192, 8), ("train", 32768, 25)),
+    "linear": (("forward", 8192, 12), ("forward", 32768, 40), ("train", 8192, 8)),
+    "sparse": (("forward", 8192, 5),),
+    "axial": (("forward", 8192, 5),),
+    "compressed": (("forward", 8192, 10),),
+}
+
+
+def kernel_headline(cpu: list[dict], threads: int) -> list[str]:
+    """Headline rows of the kernel targets from one benchmark run's CSV rows (threads: that run's torch threads)."""
+    label = {"forward": "forward", "train": "forward+backward"}
+    run = f", {threads} thread{'s' if threads > 1 else ''}" if threads else ""
+    lines = []
+    for name, goals in KERNEL_TARGETS.items():
+        kind = "bidirectional" if name == "compressed" else "causal"
+        for mode, length, target in goals:
+            row = next((r for r in cpu if r["variant"] == f"{name}-kernel" and int(r["length"]) == length), None)
+            if row is not None:
+                speedup = 1 / float(row[f"{mode}_vs_sdpa"])
+                lines.append(f"| {name} attention kernel speed-up vs {kind} SDPA at n={length} ({label[mode]}{run}) | "
+                             f"{speedup:.2f}x | >= {target}x |")  # fmt: skip
+    return lines
+
+
 def attention_markdown(out: Path) -> tuple[str, list[str]]:
     csv_path = out / "attention_benchmark.csv"
     if not csv_path.is_file():
@@ -436,25 +463,11 @@ def attention_markdown(out: Path) -> tuple[str, list[str]]:
         )  # fmt: skip
         + "\n\n![attention scaling](attention_benchmark.png)"
     )
-    # Issues #17's and #15's kernel targets: the kernel alone against bare SDPA (causal; compressed against
-    # bidirectional SDPA), forward.
-    headline = []
-    for name, goals in (
-        ("local", ((8192, 10), (32768, 30))),
-        ("linear", ((8192, 12), (32768, 40))),
-        ("sparse", ((8192, 5),)),
-        ("axial", ((8192, 5),)),
-        ("compressed", ((8192, 10),)),
-    ):
-        kind = "bidirectional" if name == "compressed" else "causal"
-        for length, target in goals:
-            row = next((r for r in cpu if r["variant"] == f"{name}-kernel" and int(r["length"]) == length), None)
-            if row is not None:
-                speedup = 1 / float(row["forward_vs_sdpa"])
-                headline.append(
-                    f"| {name} attention kernel speed-up vs {kind} SDPA at n={length} (forward) | {speedup:.2f}x | "
-                    f">= {target}x |"
-                )
+    headline = kernel_headline(cpu, int(fields.get("torch threads", 0)) if report.is_file() else 0)
+    two = out / TWO_THREADS / "attention_benchmark.csv"
+    if two.is_file():
+        with open(two, newline="") as handle:
+            headline += kernel_headline([r for r in csv.DictReader(handle) if r["device"] == "cpu"], 2)
     headline += [
         f"| {name} attention speed-up vs full{' bidirectional' if name == 'compressed' else ''} at n={shown} "
         f"(forward) | {float(at[name]['forward_speedup_vs_full']):.2f}x | >= {target}x |"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -105,3 +106,31 @@ def test_positions_section_takes_the_gpt_columns_of_the_position_rows(tmp_path: 
     # The full study's page, once it has the 4x column, is preferred.
     (tmp_path / "variant_study.md").write_text(STUDY_PAGE.replace("1.8231", "1.7000"))
     assert "| full+alibi | 1.8425 | 1.7000 |" in reproduce.positions_markdown(tmp_path)
+
+
+def test_the_headline_holds_every_kernel_target_at_each_thread_count(tmp_path) -> None:
+    """#17's targets: forward and forward+backward, at 1 thread (the main run) and at 2 (its own folder)."""
+    fields = ["device", "length", "variant", "forward_ms", "train_ms", "forward_vs_sdpa", "train_vs_sdpa",
+              "forward_speedup_vs_full", "train_peak_mib"]  # fmt: skip
+
+    def write(folder, local_train_ratio: float, threads: int) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "attention_benchmark.csv", "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=fields)
+            writer.writeheader()
+            for variant, forward, train in (("sdpa", 1.0, 1.0), ("local-kernel", 0.1, local_train_ratio)):
+                writer.writerow({"device": "cpu", "length": 8192, "variant": variant, "forward_ms": 1,
+                                 "train_ms": 1, "forward_vs_sdpa": forward, "train_vs_sdpa": train,
+                                 "forward_speedup_vs_full": 1, "train_peak_mib": 1})  # fmt: skip
+        (folder / "attention_benchmark.md").write_text(f"| torch threads | {threads} |\n")
+
+    write(tmp_path, 0.1, 1)
+    write(tmp_path / reproduce.TWO_THREADS, 0.2, 2)
+    _, headline = reproduce.attention_markdown(tmp_path)
+    assert "| local attention kernel speed-up vs causal SDPA at n=8192 (forward, 1 thread) | 10.00x | >= 10x |" in (
+        headline
+    )
+    assert (
+        "| local attention kernel speed-up vs causal SDPA at n=8192 (forward+backward, 2 threads) | 5.00x | >= 8x |"
+        in headline
+    )

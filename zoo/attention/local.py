@@ -39,7 +39,8 @@ FORWARD_BLOCK_SIZE = 32
 # chunk holds the least on top of the gradients themselves; the kernel is also fastest there (cache-resident).
 # Measured at n=8192, window 256, forward+backward of the module, 1 thread: peak 65.0 MiB at 64 (full's 65.1; the
 # benchmark's run beside the test suite: 65.2), 65.7 at 128, 69.8 at 512; the kernel's time at 1 thread 234 ms at
-# 64, 270 at 512 (32768, 2 threads: 799 vs 971).
+# 64, 270 at 512 (32768, 2 threads: 799 vs 971). At 2 threads, n=8192, 64/128/192/256 measured 110/115/107/116 ms
+# (kernel forward+backward, within this machine's noise) and 65.0/65.7/66.4/67.0 MiB (module): 64 stays.
 CHUNK_QUERIES = 64
 # The forward holds no gradients: bigger chunks, fewer calls (n=8192: 7-10% faster than 512).
 FORWARD_CHUNK_QUERIES = 2048
