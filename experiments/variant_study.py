@@ -362,8 +362,8 @@ def run_job(job: Job, reuse: bool, ledger: Path | None = None, machine_name: str
         result = {"status": "failed", "reason": f"failed (exit {code}): see {log}"}
     result.update(wall_s=round(wall, 1), date=datetime.now().strftime("%Y-%m-%d %H:%M"), seed=job.seed,
                   machine=machine_name, command="python run.py " + " ".join(job.arguments))  # fmt: skip
-    print(f"{result['status']} {fmt(result.get('value'), job.task.digits) if result['status'] == 'ok' else ''} "
-          f"({wall:.0f} s)", flush=True)  # fmt: skip
+    outcome = fmt(result.get("value"), job.task.digits) if result["status"] == "ok" else result["reason"]
+    print(f"{result['status']} {outcome} ({wall:.0f} s)", flush=True)
     record(result, [own, *(in_ledger if result["status"] == "ok" else [])])
     return result
 

@@ -96,12 +96,13 @@ def quick_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
                                      "--runs-dir", str(tmp_path / "runs"), *extra])  # fmt: skip
 
 
-def test_a_job_that_cannot_run_shows_its_one_line_error_and_missing_data_skips(tmp_path: Path) -> None:
+def test_a_job_that_cannot_run_shows_its_one_line_error_and_missing_data_skips(tmp_path: Path, capsys) -> None:
     args = quick_args(tmp_path)
     row = next(row for row in variant_study.discover_rows()[0] if row.name == "full")
     bad = variant_study.Task("vit_bad", "ViT", "test/acc", True, ("model=vit", "model.net.patch_size=3"))
     result = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "bad"), reuse=False)
     assert result["status"] == "error" and "patch" in result["reason"] and "\n" not in result["reason"]
+    assert f"vit_bad / full / seed 0 ... error {result['reason']} (" in capsys.readouterr().out  # the progress line
     again = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "bad"), reuse=True)
     assert again == {**result, "reused": True}  # --reuse reads the record instead of running again
     gpt = next(task for task in variant_study.tasks(args) if task.key == "gpt_char")
