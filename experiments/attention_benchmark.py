@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from experiments.reproduce import cpu_name  # noqa: E402
+from experiments.reproduce import KERNEL_TARGETS, cpu_name  # noqa: E402
 from zoo.attention import AttentionConfig, MultiHeadAttention, TokenLayout  # noqa: E402
 from zoo.attention.blockwise import DENSE_MAX_LENGTH  # noqa: E402
 
@@ -321,11 +321,8 @@ def targets(results: list[dict], device: str) -> list[str]:
     )
     # Issue #17's targets for local and linear: the kernel alone against bare SDPA (the issue's "full causal
     # SDPA") and, for reference, the module against the full module (both add the same projections).
-    for variant, goals in (
-        ("local", ((8192, "forward", 10), (32768, "forward", 30), (8192, "train", 8), (32768, "train", 25))),
-        ("linear", ((8192, "forward", 12), (32768, "forward", 40), (8192, "train", 8))),
-    ):
-        for m, mode, goal in goals:
+    for variant in ("local", "linear"):
+        for mode, m, goal in KERNEL_TARGETS[variant]:
             kernel, module = lookup(results, device, f"{variant}-kernel", m), lookup(results, device, variant, m)
             if kernel is None or module is None:
                 lines.append(f"- {variant} {mode} >= {goal}x faster than full causal at n={m}: not measured")
@@ -345,7 +342,8 @@ def targets(results: list[dict], device: str) -> list[str]:
             )
     # Issue #15's targets, read as #17's: the kernel against bare SDPA ("faster than full causal SDPA"), the verdict;
     # the module against the full module beside it (the same projections around both cap that ratio).
-    for variant, target in (("sparse", 5), ("fixed", None), ("axial", 5), ("compressed", 10)):
+    for variant in ("sparse", "fixed", "axial", "compressed"):
+        target = KERNEL_TARGETS[variant][0][2] if variant in KERNEL_TARGETS else None
         kernel, module = lookup(results, device, f"{variant}-kernel", n), lookup(results, device, variant, n)
         if kernel is None or module is None:
             continue
