@@ -380,7 +380,7 @@ def targets(results: list[dict], device: str) -> list[str]:
                 f"- {variant} <= 2.1x time per doubling of n ({label}, from 4096 up, one power law fitted to every "
                 f"length): {fit:.2f}x ({verdict(fit <= 2.1)}); each doubling: "
                 + ", ".join(f"{m}: {r:.2f}" for m, r in doubling)
-                + f" (worst {worst:.2f}x: one pair moves with the machine's speed between the two lengths' rounds)"
+                + f" (worst pair {worst:.2f}x)"
             )
     return lines
 

@@ -35,7 +35,7 @@ VARIANTS = {
 }
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-layer", type=int, default=12)
     parser.add_argument("--n-head", type=int, default=12)
@@ -49,7 +49,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", type=str, default=None)
-    return parser.parse_args()
+    args = parser.parse_args(argv)
+    if len(set(args.contexts)) < 2 or min(args.contexts) < 1:
+        parser.error(f"--contexts needs at least two different positive lengths to compare, got {args.contexts}")
+    return args
 
 
 def seconds_per_token(model: GPT, prompt: torch.Tensor, new_tokens: int, use_cache: bool) -> float:

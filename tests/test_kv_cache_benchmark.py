@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from tests.helpers import run_benchmark
+import sys
+
+import pytest
+
+from tests.helpers import ROOT, run_benchmark
+
+sys.path.insert(0, str(ROOT / "experiments"))
+import kv_cache_benchmark  # noqa: E402
 
 
 def test_the_benchmark_times_every_context_and_the_uncached_reference_up_to_its_limit(tmp_path) -> None:
@@ -33,3 +40,11 @@ def test_the_results_page_holds_each_context_ratio_and_the_bounded_state_target(
         "| per-token generation time, context 1024 and 8192 vs 128 (worst of local, linear) | 1.20x | <= 1.1x |"
     ) in headline
     assert "| full | 10.00 | 11.00 | 20.00 | 1.10x | 2.00x |" in section
+
+
+def test_contexts_that_give_no_ratio_are_refused_in_one_line(capsys) -> None:
+    for contexts in (["128"], ["128", "128"], ["0", "128"]):
+        with pytest.raises(SystemExit) as stop:
+            kv_cache_benchmark.parse_args(["--contexts", *contexts])
+        assert stop.value.code == 2
+        assert "--contexts needs at least two different positive lengths" in capsys.readouterr().err
