@@ -240,3 +240,19 @@ def test_every_job_of_every_row_is_a_command_line_hydra_parses(tmp_path: Path) -
             parsed = parser.parse_overrides(job.arguments)
             folder = next(o.value() for o in parsed if o.key_or_group == "hydra.run.dir")
             assert Path(folder) == job.folder and job.folder.parent == tmp_path / "runs" / task.key
+
+
+def test_the_full_study_trains_the_long_range_columns_on_a_fixed_budget(tmp_path: Path) -> None:
+    """LRA's way (a number of steps), not the experiment configs' epochs: those, times every row, take days here."""
+    args = variant_study.parse_args(["--shared", str(tmp_path), "--fashion-mnist", str(tmp_path / "fmnist")])
+    columns = {task.key: task for task in variant_study.tasks(args)}
+    pixel = variant_study.compose(list(columns["lra_pixel"].overrides), tmp_path / "pixel")
+    assert pixel.trainer.max_steps == pixel.trainer.val_check_interval == variant_study.PIXEL_STEPS
+    assert pixel.data.max_length == 784 and pixel.data.images.data_dir == str(tmp_path / "fmnist")
+    listops = variant_study.compose(list(columns["lra_listops"].overrides), tmp_path / "listops")
+    assert listops.data.num_train == variant_study.LISTOPS_TRAIN and listops.trainer.max_epochs == 1
+    assert listops.data.max_length == 2000
+    for config in (pixel, listops):
+        assert config.trainer.limit_val_batches == variant_study.LRA_VAL_BATCHES
+    assert f"{variant_study.PIXEL_STEPS} steps" in columns["lra_pixel"].title
+    assert f"{variant_study.LISTOPS_TRAIN} expressions" in columns["lra_listops"].title
