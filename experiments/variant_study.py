@@ -447,20 +447,26 @@ def extrapolation(job: Job, quick: bool, factor: int = 4) -> dict:
 
 
 def longer_block(job: Job, result: dict, args: argparse.Namespace) -> dict:
-    """The 4x evaluation of a finished GPT job, kept beside it (reused with --reuse)."""
+    """The 4x evaluation of a finished GPT job, kept beside it (reused with --reuse). The ledger keeps its number
+    and also its one-line error: a later --reuse may find the job's record there but not its checkpoint, and the
+    error (a weight shaped by the block) is a fact of the row, not of the run."""
     own = job.folder / "study_extrapolation.json"
     in_ledger = [ledger_file(args.ledger, job, "extrapolation")] if args.ledger is not None else []
     if result["status"] != "ok":
         return {"status": result["status"], "reason": result.get("reason")}
     if args.reuse and (found := kept([own, *in_ledger])) is not None:
-        return found
-    start = time.perf_counter()
-    try:
-        outcome = extrapolation(job, args.quick)
-    except Exception as error:  # a bug in this evaluation must not end the study
-        outcome = {"status": "failed", "reason": f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"}
-    outcome["wall_s"] = round(time.perf_counter() - start, 1)
-    record(outcome, [own, *(in_ledger if outcome["status"] == "ok" else [])])
+        outcome = found
+    else:
+        start = time.perf_counter()
+        try:
+            outcome = extrapolation(job, args.quick)
+        except Exception as error:  # a bug in this evaluation must not end the study
+            reason = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+            outcome = {"status": "failed", "reason": reason}
+        outcome["wall_s"] = round(time.perf_counter() - start, 1)
+        record(outcome, [own])
+    if outcome["status"] in ("ok", "error"):
+        record(outcome, in_ledger)
     return outcome
 
 

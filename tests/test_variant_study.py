@@ -256,3 +256,23 @@ def test_the_full_study_trains_the_long_range_columns_on_a_fixed_budget(tmp_path
         assert config.trainer.limit_val_batches == variant_study.LRA_VAL_BATCHES
     assert f"{variant_study.PIXEL_STEPS} steps" in columns["lra_pixel"].title
     assert f"{variant_study.LISTOPS_TRAIN} expressions" in columns["lra_listops"].title
+
+
+def test_the_4x_evaluation_keeps_its_number_and_its_error_in_the_ledger(tmp_path: Path, monkeypatch) -> None:
+    """A later --reuse finds the GPT's record in the ledger but not its checkpoint: the 4x cell must come from the
+    ledger too (its error, a weight shaped by the block, is a fact of the row); a failure is redone."""
+    outcomes = iter([{"status": "error", "reason": "wpe.weight is (64, 128) for block 64"},
+                     {"status": "failed", "reason": "FileNotFoundError: last.ckpt"}])  # fmt: skip
+    monkeypatch.setattr(variant_study, "extrapolation", lambda job, quick: next(outcomes))
+    args = quick_args(tmp_path, "--reuse")
+    task = variant_study.Task("gpt_char", "GPT", "val/loss", False, ())
+    row = variant_study.Row("full", (), {}, "test")
+    job = variant_study.Job(task, row, 0, tmp_path / "runs" / "full-seed0")
+    first = variant_study.longer_block(job, {"status": "ok"}, args)
+    kept_file = args.ledger / "gpt_char" / "full-seed0.extrapolation.json"
+    assert first["status"] == "error" and json.loads(kept_file.read_text()) == first
+    elsewhere = variant_study.Job(task, row, 0, tmp_path / "other-session" / "full-seed0")
+    assert variant_study.longer_block(elsewhere, {"status": "ok"}, args) == first  # not evaluated again
+    seed1 = variant_study.Job(task, row, 1, tmp_path / "runs" / "full-seed1")
+    assert variant_study.longer_block(seed1, {"status": "ok"}, args)["status"] == "failed"
+    assert not (args.ledger / "gpt_char" / "full-seed1.extrapolation.json").exists()
