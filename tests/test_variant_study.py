@@ -220,6 +220,7 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
     )
     assert "- GPT tiny-shakespeare char (val loss): **full** (1.9000; 2 rows" in text  # lower is better
     assert "| Performer | 42.77 | 18.01 | favor, linear+favor |" in text and "smaller" in text
+    assert f"Local attention's window: {variant_study.SHORT_WINDOW} on vit_digits, conf/attention/local" in text
     assert variant_study.best([(0.1, "a"), (0.1004, "b"), (0.09, "c")], True, 3) == ("a, b", "0.100")  # a tie
     variant_study.plot(cells, variant_study.columns_of(columns), tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
@@ -276,3 +277,24 @@ def test_the_4x_evaluation_keeps_its_number_and_its_error_in_the_ledger(tmp_path
     seed1 = variant_study.Job(task, row, 1, tmp_path / "runs" / "full-seed1")
     assert variant_study.longer_block(seed1, {"status": "ok"}, args)["status"] == "failed"
     assert not (args.ledger / "gpt_char" / "full-seed1.extrapolation.json").exists()
+
+
+def test_local_attention_gets_a_window_shorter_than_each_short_task(tmp_path: Path) -> None:
+    """conf/attention/local.yaml's 256 covers a 17-token digit image: local attention would be full attention there
+    (the first digits rows of local and full were the same numbers); only local's jobs get the task's window."""
+    rows = {row.name: row for row in variant_study.discover_rows()[0]}
+    full_mode = variant_study.parse_args(["--shared", str(tmp_path)])
+    for args in (quick_args(tmp_path), full_mode):
+        for task in variant_study.tasks(args):
+            local, full = (variant_study.Job(task, rows[name], 0, tmp_path / name) for name in ("local", "full"))
+            assert [a for a in local.arguments if "attention.window" in a] == (
+                [f"++attention.window={task.window}"] if task.window else []
+            )
+            assert not [a for a in full.arguments if "attention.window" in a]
+    short = [task for task in variant_study.tasks(full_mode) if task.window]
+    assert {task.key for task in short} == {"vit_digits", "translation_numbers", "clip_digits"}
+    vit = variant_study.Job(short[0], rows["local"], 0, tmp_path / "vit")
+    window = [argument for argument in vit.arguments if "attention.window" in argument]
+    config = variant_study.compose([*vit.task.overrides, *vit.row.overrides, *window], tmp_path / "vit")
+    tokens = (config.data.image_size // config.data.patch_size) ** 2 + 1
+    assert config.attention.variant == "local" and config.attention.window == variant_study.SHORT_WINDOW < tokens
