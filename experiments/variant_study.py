@@ -255,6 +255,8 @@ def tasks(args: argparse.Namespace) -> list[Task]:
 
 
 EXTRAPOLATION = "gpt_char@4x"  # the GPT's val loss at 4x its training block (a column of its own)
+SCALED_AT_INFERENCE = {"linear", "ntk"}  # RoPE scalings evaluated at 4x on the PLAIN_ROPE row's weights
+PLAIN_ROPE = "rope"
 
 
 # -- running a job in this process ----------------------------------------------------------------------------
@@ -414,7 +416,9 @@ def extrapolation(job: Job, quick: bool, factor: int = 4) -> dict:
     """Val loss of a trained GPT at `factor` x its block. Attention that extrapolates (a position bias, scaled
     RoPE) takes the longer input as trained (dynamic NTK scales from the trained block); otherwise the same
     weights in a GPT with a longer block (a learned position table, or any weight shaped by the block, has no
-    rows for it: the one-line reason instead)."""
+    rows for it: the one-line reason instead). Linear and NTK-aware RoPE scaling are what their users apply to a
+    model trained with plain RoPE, at inference: their rows take the rope row's weights of the same seed, scaled
+    by `factor` (the rows themselves trained with the scaling on: positions compressed from the first step)."""
     import hydra
     import torch
     import torch.nn.functional as F
@@ -423,9 +427,19 @@ def extrapolation(job: Job, quick: bool, factor: int = 4) -> dict:
     from zoo.models.gpt import GPT, GPTConfig
     from zoo.weights import network_state_dict, read_checkpoint
 
-    checkpoint = read_checkpoint(job.folder / "checkpoints" / "last.ckpt")
+    scaling = job.row.attention.get("rope_scaling")
+    weights = job.folder.with_name(f"{PLAIN_ROPE}-seed{job.seed}") if scaling in SCALED_AT_INFERENCE else job.folder
+    if not (weights / "checkpoints" / "last.ckpt").is_file():
+        return {"status": "failed", "reason": f"no {weights / 'checkpoints' / 'last.ckpt'}"
+                + (f" ({scaling} RoPE scaling stretches the {PLAIN_ROPE} row's weights: run it first)"
+                   if weights != job.folder else "")}  # fmt: skip
+    checkpoint = read_checkpoint(weights / "checkpoints" / "last.ckpt")
     net = dict(checkpoint["hyper_parameters"]["net"])
     block = net["block_size"]
+    if weights != job.folder:
+        if not net["attention"].get("rope") or net["attention"].get("rope_scaling") is not None:
+            return {"status": "failed", "reason": f"{weights} is not a plain RoPE run: {net['attention']}"}
+        net["attention"] = {**net["attention"], "rope_scaling": scaling, "rope_factor": float(factor)}
     try:
         trained = GPTConfig.from_dict(net)
         model = GPT(
@@ -451,7 +465,8 @@ def extrapolation(job: Job, quick: bool, factor: int = 4) -> dict:
         for x, y in data.val_dataloader():
             total += float(F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum"))
             count += y.numel()
-    return {"status": "ok", "value": total / count, "block": factor * block, "model_block": model.config.block_size}
+    return {"status": "ok", "value": total / count, "block": factor * block, "model_block": model.config.block_size,
+            "weights": weights.name}  # fmt: skip
 
 
 def longer_block(job: Job, result: dict, args: argparse.Namespace) -> dict:

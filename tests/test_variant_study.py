@@ -161,18 +161,22 @@ def test_a_job_stopped_by_a_signal_stops_the_study(status: int, tmp_path: Path, 
     assert variant_study.run_in_process(["model=vit"], tmp_path / "job.log") == 0
 
 
+def tiny_gpt_task(tmp_path: Path) -> variant_study.Task:
+    text = tiny_text(tmp_path / "shared" / "tinyshakespeare" / "input.txt")
+    return variant_study.Task("gpt_char", "GPT", "val/loss", False, (
+        "experiment=gpt_shakespeare_char", f"data.path={text}", "model.net.n_layer=1", "model.net.n_head=2",
+        "model.net.n_embd=16", "data.block_size=16", "trainer.max_steps=2", "trainer.val_check_interval=2",
+        "data.eval_batches=2", "model.sample.max_new_tokens=0", f"paths.data_dir={tmp_path}",
+    ))  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "attention, extrapolates",
     [("attention=rope", True), ("attention=full", False), ("attention=rope,++attention.rope_scaling=dynamic", True)],
     ids=["rope", "learned", "rope_dynamic"],
 )
 def test_the_gpt_is_evaluated_at_4x_its_block_where_its_weights_allow(tmp_path: Path, attention, extrapolates):
-    text = tiny_text(tmp_path / "shared" / "tinyshakespeare" / "input.txt")
-    task = variant_study.Task("gpt_char", "GPT", "val/loss", False, (
-        "experiment=gpt_shakespeare_char", f"data.path={text}", "model.net.n_layer=1", "model.net.n_head=2",
-        "model.net.n_embd=16", "data.block_size=16", "trainer.max_steps=2", "trainer.val_check_interval=2",
-        "data.eval_batches=2", "model.sample.max_new_tokens=0", f"paths.data_dir={tmp_path}",
-    ))  # fmt: skip
+    task = tiny_gpt_task(tmp_path)
     overrides = tuple(attention.split(","))
     row = variant_study.Row(overrides[0].split("=")[1] + ("_dynamic" if len(overrides) > 1 else ""), overrides, {}, "t")
     job = variant_study.Job(task, row, 0, tmp_path / "runs" / row.name)
@@ -298,3 +302,20 @@ def test_local_attention_gets_a_window_shorter_than_each_short_task(tmp_path: Pa
     config = variant_study.compose([*vit.task.overrides, *vit.row.overrides, *window], tmp_path / "vit")
     tokens = (config.data.image_size // config.data.patch_size) ** 2 + 1
     assert config.attention.variant == "local" and config.attention.window == variant_study.SHORT_WINDOW < tokens
+
+
+def test_linear_and_ntk_rope_scaling_stretch_the_plain_rope_weights_at_4x(tmp_path: Path) -> None:
+    """Position interpolation and NTK-aware scaling are applied at inference to a model trained with plain RoPE;
+    the rope+linear / rope+ntk rows trained with the scaling on (positions compressed 4x from the first step)."""
+    task, runs = tiny_gpt_task(tmp_path), tmp_path / "runs"
+    rows = {row.name: row for row in variant_study.discover_rows()[0]}
+    jobs = {name: variant_study.Job(task, rows[name], 0, variant_study.job_folder(runs, task, rows[name], 0))
+            for name in ("rope+linear", "rope")}  # fmt: skip
+    missing = variant_study.extrapolation(jobs["rope+linear"], quick=True)
+    assert missing["status"] == "failed" and "rope-seed0" in missing["reason"] and "run it first" in missing["reason"]
+    for job in jobs.values():
+        assert variant_study.run_job(job, reuse=False)["status"] == "ok"
+    plain, stretched = (variant_study.extrapolation(jobs[name], quick=True) for name in ("rope", "rope+linear"))
+    assert plain["weights"] == stretched["weights"] == "rope-seed0" and stretched["block"] == 64
+    assert stretched["status"] == "ok" and stretched["value"] != plain["value"]  # the same weights, scaled
+    assert stretched["model_block"] == 16  # the trained length: the scaling stretches it by 4
