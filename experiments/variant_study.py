@@ -739,6 +739,14 @@ def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min) -> s
         else f"{PIXEL_STEPS} steps of batch 32 on the pixel task, one epoch of {LISTOPS_TRAIN} ListOps expressions"
     )
     window = "".join(f"{task.window} on {task.key}, " for task in columns if task.window)
+    at_4x = [
+        "GPT val loss at 4x the block: the trained weights on the val split cut into blocks 4x as long. A position bias"
+        " and dynamic NTK RoPE take them as trained (dynamic is plain RoPE within the block); linear and NTK-aware RoPE"
+        f" scaling ({', '.join(sorted(SCALED_AT_INFERENCE))}) stretch the {PLAIN_ROPE} row's weights of the same seed"
+        " by 4 at inference, as their users apply them to a model trained without them; a weight shaped by the block"
+        " (a learned position table) has no rows for the longer input."
+    ]
+    at_4x = at_4x if any(key == EXTRAPOLATION for key, _, _, _ in quality) else []
     selection = "".join(
         f" --{name} {' '.join(getattr(args, name))}" for name in ("rows", "tasks") if getattr(args, name)
     )
@@ -758,6 +766,7 @@ def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min) -> s
         "length of 500-2000 tokens)."
         if speed["lengths"]
         else "Training time per step: not measured in this run (--tasks without speed).",
+        *at_4x,
         "## Which setting wins where\n\n" + "\n".join(winners(cells, quality, speed) or ["- no numbers yet"]),
         "## Published anchors: Long Range Arena (Tay et al. 2021, Table 1)\n\nAccuracy % on LRA's Image (CIFAR-10 "
         "as 1024 grey pixel tokens) and ListOps (up to 2000 tokens, 96k training expressions), with LRA's models "

@@ -225,6 +225,7 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
     assert "- GPT tiny-shakespeare char (val loss): **full** (1.9000; 2 rows" in text  # lower is better
     assert "| Performer | 42.77 | 18.01 | favor, linear+favor |" in text and "smaller" in text
     assert f"Local attention's window: {variant_study.SHORT_WINDOW} on vit_digits, conf/attention/local" in text
+    assert "stretch the rope row's weights of the same seed by 4 at inference" in text  # how the 4x column is read
     assert variant_study.best([(0.1, "a"), (0.1004, "b"), (0.09, "c")], True, 3) == ("a, b", "0.100")  # a tie
     variant_study.plot(cells, variant_study.columns_of(columns), tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
