@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from zoo.attention.blockwise import blocked_windows, fused_kernel_applies
+from zoo.attention.blockwise import DENSE_MAX_LENGTH, blocked_windows, fused_kernel_applies
 from zoo.attention.cache import RollingKVCache, new_tokens_padding
 from zoo.attention.contract import Kernel, ScoreBias
 from zoo.attention.flex import flex_pattern_attention, resolve_backend
@@ -476,8 +476,8 @@ class LocalAttention(Kernel):
 
     Options: `window` (keys per query), `chunk_size` (query block length of the blockwise kernel; None:
     the measured defaults, 32 in the CPU's chunked forward and 64 elsewhere). Backends (attention.backend):
-    blockwise (the CPU's auto), flex (CUDA's auto; zoo/attention/flex.py), sdpa (one SDPA call under the dense
-    band mask).
+    blockwise (the CPU's auto; up to DENSE_MAX_LENGTH keys, as the pattern kernels, the dense band mask), flex
+    (CUDA's auto; zoo/attention/flex.py), sdpa (one SDPA call under the dense band mask).
     """
 
     name = "local"
@@ -509,9 +509,13 @@ class LocalAttention(Kernel):
             pattern = functools.partial(band, window=self.window, causal=causal)
             out = flex_pattern_attention(q, k, v, pattern, self._flex_masks, (causal,), key_padding_mask)
             return out, None
+        # Up to DENSE_MAX_LENGTH keys one fused call under the band mask, as the pattern kernels: below it the
+        # blocks' fixed costs exceed the work they save (forward+backward, 2 threads: 0.24x of the blockwise time
+        # at n=17, 0.52x at 64, 0.60-0.71x at 256; at 512 0.69x-1.17x by the window, at 1024 1.3-2.3x).
+        dense = backend == "sdpa" or k.shape[2] <= DENSE_MAX_LENGTH
         return sliding_window_attention(
             q, k, v, self.window, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
-            need_weights=need_weights, block_size=self.chunk_size, bias=bias, dense=backend == "sdpa",
+            need_weights=need_weights, block_size=self.chunk_size, bias=bias, dense=dense,
         )  # fmt: skip
 
     def new_cache(self) -> RollingKVCache:
