@@ -14,7 +14,8 @@ Rows are found at run time, so variants and options that land later join the tab
   with named choices (e.g. a feature map) on its kernel: one row per choice. Choices are read off the one-line
   error an unknown value gets ("... valid choices: a, b"), which every option of zoo gives (CONVENTIONS.md);
 - options listed in ANTICIPATED (e.g. kv_heads=1, multi-query attention), once AttentionConfig accepts them.
-Rows with the same effective AttentionConfig are one row.
+Rows with the same effective AttentionConfig are one row. A row whose training is another's by definition (RoPE
+scaled by dynamic NTK, plain RoPE within the trained block) takes that row's jobs for its training cells.
 
 Columns (one `python run.py` job each, run in this process: the command line's own code path, without a new
 interpreter per job): digits ViT test accuracy, tiny-shakespeare char GPT val loss (and at 4x the training
@@ -255,8 +256,14 @@ def tasks(args: argparse.Namespace) -> list[Task]:
 
 
 EXTRAPOLATION = "gpt_char@4x"  # the GPT's val loss at 4x its training block (a column of its own)
-SCALED_AT_INFERENCE = {"linear", "ntk"}  # RoPE scalings evaluated at 4x on the PLAIN_ROPE row's weights
 PLAIN_ROPE = "rope"
+# RoPE scalings that change nothing within the trained block (dynamic NTK scales only an input longer than it): a
+# row with one trains exactly as the PLAIN_ROPE row (the same numbers, seed for seed: measured on the GPT and the
+# numbers task), so its training cells are that row's jobs, after a one-batch run of its own that checks it runs
+# on the task at all. Training it again costs a job per seed and column (8-13 min on the long-range columns).
+PLAIN_WITHIN_BLOCK = {"dynamic"}
+# RoPE scalings evaluated at 4x on the PLAIN_ROPE row's weights, as their users apply them (at inference).
+SCALED_AT_INFERENCE = {"linear", "ntk", *PLAIN_WITHIN_BLOCK}
 
 
 # -- running a job in this process ----------------------------------------------------------------------------
@@ -356,6 +363,13 @@ def record(result: dict, paths: list[Path]) -> None:
         path.write_text(json.dumps(result, indent=2) + "\n")
 
 
+def fresh_folder(folder: Path) -> None:
+    """An empty `folder`; one already there (an unfinished or older job) is kept aside rather than deleted."""
+    if folder.exists():
+        folder.rename(folder.with_name(f"{folder.name}.old-{datetime.now():%Y%m%d-%H%M%S}"))
+    folder.mkdir(parents=True)
+
+
 def run_job(job: Job, reuse: bool, ledger: Path | None = None, machine_name: str = "") -> dict:
     """Run one job (or, with `reuse`, take its record from its folder or the ledger). A job that ends with a
     number is also written to the ledger; errors and failures are not (they are redone next time)."""
@@ -366,9 +380,7 @@ def run_job(job: Job, reuse: bool, ledger: Path | None = None, machine_name: str
     missing = [str(path) for path in job.task.needs if not any(path.parent.glob(path.name))]
     if missing:
         return {"status": "skipped", "reason": f"{', '.join(missing)} not found"}
-    if job.folder.exists():  # an unfinished or older job: keep it aside rather than delete it
-        job.folder.rename(job.folder.with_name(f"{job.folder.name}.old-{datetime.now():%Y%m%d-%H%M%S}"))
-    job.folder.mkdir(parents=True)
+    fresh_folder(job.folder)
     log = job.folder / "study.log"
     print(f"{job.task.key} / {job.row.name} / seed {job.seed} ...", end=" ", flush=True)
     start = time.perf_counter()
@@ -390,6 +402,44 @@ def run_job(job: Job, reuse: bool, ledger: Path | None = None, machine_name: str
     print(f"{result['status']} {outcome} ({wall:.0f} s)", flush=True)
     record(result, [own, *(in_ledger if result["status"] == "ok" else [])])
     return result
+
+
+def run_as(job: Job, plain: Job, args: argparse.Namespace, done: dict[Path, dict]) -> dict:
+    """The record of a row that trains as `plain`'s row by definition (PLAIN_WITHIN_BLOCK): with --reuse, its own
+    (folder or ledger); else a one-batch run of the row (trainer.fast_dev_run: its one-line error if it cannot
+    run the task), then `plain`'s record (`done` in this study, else run or reused now), kept as the row's own."""
+    own = job.folder / "study_result.json"
+    in_ledger = [ledger_file(args.ledger, job)] if args.ledger is not None else []
+    if args.reuse and (found := kept([own, *in_ledger])) is not None:
+        return {**found, "reused": True}
+    if job.task.needs and any(not any(path.parent.glob(path.name)) for path in job.task.needs):
+        return run_job(job, args.reuse)  # skipped, with the missing files named
+    fresh_folder(job.folder)
+    log = job.folder / "study.log"
+    print(f"{job.task.key} / {job.row.name} / seed {job.seed}: one batch ...", end=" ", flush=True)
+    check = Job(job.task, job.row, job.seed, job.folder / "one_batch")
+    code = run_in_process([*check.arguments, "trainer.fast_dev_run=true"], log)
+    if code != 0:
+        result = {"status": "error", "reason": error_line(log)} if code == 2 else \
+            {"status": "failed", "reason": f"failed (exit {code}): see {log}"}  # fmt: skip
+        result.update(seed=job.seed, command="python run.py " + " ".join(check.arguments))
+        print(f"{result['status']} {result['reason']}", flush=True)
+        record(result, [own])
+        return result
+    print(f"ok; trains as {plain.folder.name}", flush=True)
+    if plain.folder not in done:
+        done[plain.folder] = run_job(plain, args.reuse, args.ledger, args.machine_name)
+    result = {**{key: value for key, value in done[plain.folder].items() if key != "reused"},
+              "trained_as": plain.folder.name}  # fmt: skip
+    record(result, [own, *(in_ledger if result["status"] == "ok" else [])])
+    return result
+
+
+def plain_row(rows: list[Row]) -> Row:
+    """The PLAIN_ROPE row (found again when --rows leaves it out)."""
+    return next((row for row in rows if row.name == PLAIN_ROPE), None) or next(
+        row for row in discover_rows()[0] if row.name == PLAIN_ROPE
+    )
 
 
 # -- the GPT at 4x its block ----------------------------------------------------------------------------------
@@ -574,12 +624,17 @@ def run_study(args: argparse.Namespace, rows: list[Row], columns: list[Task]) ->
     mode = "quick" if args.quick else "full"
     runs_dir = args.runs_dir / mode
     cells: dict[str, dict[str, dict]] = {row.name: {} for row in rows}
+    done: dict[Path, dict] = {}  # job folder -> record, for the rows that train as another (run_as)
     for task in columns:
         for row in rows:
             results = []
             for seed in range(args.seeds):
                 job = Job(task, row, seed, job_folder(runs_dir, task, row, seed))
-                result = run_job(job, args.reuse, args.ledger, args.machine_name)
+                if row.attention.get("rope_scaling") in PLAIN_WITHIN_BLOCK:
+                    plain = plain_row(rows)
+                    result = run_as(job, Job(task, plain, seed, job_folder(runs_dir, task, plain, seed)), args, done)
+                else:
+                    result = done[job.folder] = run_job(job, args.reuse, args.ledger, args.machine_name)
                 results.append(result)
                 if task.key == "gpt_char":
                     cells[row.name].setdefault(EXTRAPOLATION, {"runs": []})["runs"].append(
@@ -741,10 +796,9 @@ def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min) -> s
     window = "".join(f"{task.window} on {task.key}, " for task in columns if task.window)
     at_4x = [
         "GPT val loss at 4x the block: the trained weights on the val split cut into blocks 4x as long. A position bias"
-        " and dynamic NTK RoPE take them as trained (dynamic is plain RoPE within the block); linear and NTK-aware RoPE"
-        f" scaling ({', '.join(sorted(SCALED_AT_INFERENCE))}) stretch the {PLAIN_ROPE} row's weights of the same seed"
-        " by 4 at inference, as their users apply them to a model trained without them; a weight shaped by the block"
-        " (a learned position table) has no rows for the longer input."
+        f" takes them as trained; RoPE scaling ({', '.join(sorted(SCALED_AT_INFERENCE))}) stretches the {PLAIN_ROPE}"
+        " row's weights of the same seed by 4 at inference, as its users apply it to a model trained without it; a"
+        " weight shaped by the block (a learned position table) has no rows for the longer input."
     ]
     at_4x = at_4x if any(key == EXTRAPOLATION for key, _, _, _ in quality) else []
     selection = "".join(
@@ -781,6 +835,8 @@ def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min) -> s
         + table(["row", "found in", "overrides"], origin)
         + f"\n\nLocal attention's window: {window}conf/attention/local.yaml's 256 on the others (the GPT recipe sets "
         "32, half its block). A window that covers the whole sequence makes local attention exactly full attention."
+        f" RoPE scaling {', '.join(sorted(PLAIN_WITHIN_BLOCK))} is plain RoPE within the trained block: its rows' "
+        f"training cells are the {PLAIN_ROPE} row's jobs (seed for seed), after a one-batch run of their own."
         + ("\n\nLeft out: " + "; ".join(notes_rows) if notes_rows else ""),
     ]
     return "\n\n".join(parts) + "\n"

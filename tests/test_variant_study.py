@@ -225,7 +225,8 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
     assert "- GPT tiny-shakespeare char (val loss): **full** (1.9000; 2 rows" in text  # lower is better
     assert "| Performer | 42.77 | 18.01 | favor, linear+favor |" in text and "smaller" in text
     assert f"Local attention's window: {variant_study.SHORT_WINDOW} on vit_digits, conf/attention/local" in text
-    assert "stretch the rope row's weights of the same seed by 4 at inference" in text  # how the 4x column is read
+    assert "stretches the rope row's weights of the same seed by 4 at inference" in text  # how the 4x column is read
+    assert "dynamic is plain RoPE within the trained block: its rows' training cells are the rope row's jobs" in text
     assert variant_study.best([(0.1, "a"), (0.1004, "b"), (0.09, "c")], True, 3) == ("a, b", "0.100")  # a tie
     variant_study.plot(cells, variant_study.columns_of(columns), tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
@@ -311,12 +312,53 @@ def test_linear_and_ntk_rope_scaling_stretch_the_plain_rope_weights_at_4x(tmp_pa
     task, runs = tiny_gpt_task(tmp_path), tmp_path / "runs"
     rows = {row.name: row for row in variant_study.discover_rows()[0]}
     jobs = {name: variant_study.Job(task, rows[name], 0, variant_study.job_folder(runs, task, rows[name], 0))
-            for name in ("rope+linear", "rope")}  # fmt: skip
+            for name in ("rope", "rope+linear", "rope+dynamic")}  # fmt: skip
     missing = variant_study.extrapolation(jobs["rope+linear"], quick=True)
     assert missing["status"] == "failed" and "rope-seed0" in missing["reason"] and "run it first" in missing["reason"]
-    for job in jobs.values():
-        assert variant_study.run_job(job, reuse=False)["status"] == "ok"
-    plain, stretched = (variant_study.extrapolation(jobs[name], quick=True) for name in ("rope", "rope+linear"))
-    assert plain["weights"] == stretched["weights"] == "rope-seed0" and stretched["block"] == 64
-    assert stretched["status"] == "ok" and stretched["value"] != plain["value"]  # the same weights, scaled
-    assert stretched["model_block"] == 16  # the trained length: the scaling stretches it by 4
+    for name in ("rope+linear", "rope"):
+        assert variant_study.run_job(jobs[name], reuse=False)["status"] == "ok"
+    plain, stretched, dynamic = (variant_study.extrapolation(jobs[name], quick=True) for name in jobs)
+    assert plain["weights"] == stretched["weights"] == dynamic["weights"] == "rope-seed0" and stretched["block"] == 64
+    assert stretched["status"] == dynamic["status"] == "ok" and stretched["value"] != plain["value"] != dynamic["value"]
+    assert stretched["model_block"] == dynamic["model_block"] == 16  # the trained length: scaling stretches it by 4
+
+
+def test_dynamic_rope_scaling_takes_the_rope_rows_jobs_after_a_one_batch_run_of_its_own(tmp_path, monkeypatch):
+    """Dynamic NTK is plain RoPE within the trained block: training its row again repeats the rope row's jobs (the
+    same numbers, seed for seed; 8-13 min a job on the long-range columns). A one-batch run of the row itself still
+    shows where it cannot run (a ViT's 2-axis grid)."""
+    calls: list[list[str]] = []
+
+    def fake_run(arguments: list[str], log: Path) -> int:
+        calls.append(arguments)
+        folder = Path(next(a for a in arguments if a.startswith("hydra.run.dir=")).split("=", 1)[1])
+        if "model=vit" in arguments:
+            log.write_text("error: attention.rope_scaling='dynamic' stretches 1-D sequences\n")
+            return 2
+        log.write_text("")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "metrics.json").write_text(json.dumps({"val/loss": 1.0 + len(calls)}))
+        return 0
+
+    monkeypatch.setattr(variant_study, "run_in_process", fake_run)
+    rows = {row.name: row for row in variant_study.discover_rows()[0]}
+    args = quick_args(tmp_path, "--seeds", "2")
+    seq = variant_study.Task("seq", "sequence", "val/loss", False, ("experiment=lra_pixel",))
+    vit = variant_study.Task("vit", "ViT", "val/loss", False, ("model=vit",))
+    cells = variant_study.run_study(args, [rows["rope"], rows["rope+dynamic"]], [seq, vit])
+    dynamic = cells["rope+dynamic"]["seq"]
+    assert dynamic["values"] == cells["rope"]["seq"]["values"] and len(dynamic["values"]) == 2
+    assert [run["trained_as"] for run in dynamic["runs"]] == ["rope-seed0", "rope-seed1"]
+    one_batch = [a for a in calls if "trainer.fast_dev_run=true" in a and "experiment=lra_pixel" in a]
+    assert len(one_batch) == 2 and all("++attention.rope_scaling=dynamic" in a for a in one_batch)
+    trained = [a for a in calls if "experiment=lra_pixel" in a and "trainer.fast_dev_run=true" not in a]
+    assert len(trained) == 2 and not any("++attention.rope_scaling=dynamic" in a for a in trained)  # rope's only
+    assert "stretches 1-D sequences" in cells["rope+dynamic"]["vit"]["reason"]
+    kept_file = args.ledger / "seq" / "rope+dynamic-seed1.json"
+    assert json.loads(kept_file.read_text())["trained_as"] == "rope-seed1"
+    calls.clear()
+    again = variant_study.run_study(quick_args(tmp_path, "--seeds", "2", "--reuse"), [rows["rope+dynamic"]], [seq])
+    assert again["rope+dynamic"]["seq"]["values"] == dynamic["values"] and not calls  # from the records
+    alone = variant_study.run_study(quick_args(tmp_path, "--seeds", "1"), [rows["rope+dynamic"]], [seq])
+    assert alone["rope+dynamic"]["seq"]["runs"][0]["trained_as"] == "rope-seed0"  # the rope row's job, run now
+    assert (tmp_path / "runs" / "quick" / "seq" / "rope+dynamic-seed0" / "study_result.json").is_file()
