@@ -123,3 +123,24 @@ def test_the_precision_a_config_chooses_is_the_trainers(
         assert not isinstance(plugin, MixedPrecision) and plugin.precision == "32-true"
     else:
         assert isinstance(plugin, MixedPrecision) and plugin.precision == expected
+
+
+@pytest.mark.parametrize(("window", "noticed"), [(None, True), (8, False)], ids=["local.yaml", "window8"])
+def test_a_local_window_over_the_whole_sequence_is_named_when_the_run_is_built(
+    window: int | None, noticed: bool, tmp_path, caplog
+) -> None:
+    """`python run.py model=vit attention=local`: conf/attention/local.yaml's 256 covers the digits' 17 tokens."""
+    from omegaconf import open_dict, read_write
+
+    from zoo.app.pipeline import build
+
+    cfg = compose_config(["model=vit", "attention=local", "logger=none",
+                          *([f"attention.window={window}"] if window else [])], tmp_path)  # fmt: skip
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.job.num, cfg.hydra.runtime.output_dir = 0, str(tmp_path)
+    with caplog.at_level("WARNING", logger="zoo"):
+        build(cfg)
+    lines = [r.getMessage() for r in caplog.records if "local attention is exactly full attention" in r.getMessage()]
+    assert lines == (["attention.window=256 covers all 17 tokens of this model's sequences: local attention is "
+                      "exactly full attention here; set attention.window below 17 for a sliding window"]
+                     if noticed else [])  # fmt: skip

@@ -206,3 +206,27 @@ def test_chunked_band_holds_no_tensor_of_every_window() -> None:
         out.sum().backward()
     chunk_mask = local_module.CHUNK_QUERIES * (local_module.DEFAULT_BLOCK_SIZE + window)
     assert spy.largest <= max(length * dim, chunk_mask), spy.largest
+
+
+def test_a_window_that_covers_the_models_sequences_is_named_as_full_attention() -> None:
+    """conf/attention/local.yaml's 256 covers a digit ViT's 17 tokens: `model=vit attention=local` was full attention
+    without a word (the variant study's first local rows). The kernel says so, and only when it is exactly so."""
+    from zoo.attention import AttentionConfig, kernel_notices
+    from zoo.models.vit import ViT, ViTConfig
+
+    def vit(window: int) -> ViT:
+        return ViT(ViTConfig(image_size=8, patch_size=2, depth=2, attention=AttentionConfig("local", window=window)))
+
+    notices = kernel_notices(vit(256))  # 16 patches + a class token; one line for both blocks
+    assert notices == [
+        "attention.window=256 covers all 17 tokens of this model's sequences: local attention is exactly full "
+        "attention here; set attention.window below 17 for a sliding window"
+    ]
+    assert kernel_notices(vit(32)) and not kernel_notices(vit(31)) and not kernel_notices(vit(8))
+    assert not kernel_notices(ViT(ViTConfig(image_size=8, patch_size=2, depth=1)))  # full attention: nothing to say
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 17, 8, generator=generator) for _ in range(3))
+    full = {causal: reference_softmax_attention(q, k, v, banded_mask(17, 10**6, causal)) for causal in (True, False)}
+    for causal in (True, False):  # the noticed window (32) is full attention both ways; 31 is not bidirectionally
+        assert torch.allclose(sliding_window_attention(q, k, v, 32, causal=causal)[0], full[causal], atol=1e-6)
+    assert not torch.allclose(sliding_window_attention(q, k, v, 31, causal=False)[0], full[False], atol=1e-3)

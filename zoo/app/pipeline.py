@@ -36,6 +36,7 @@ from rich.tree import Tree
 from zoo.app.devices import check_devices
 from zoo.app.optuna_sweeper import trial_callbacks
 from zoo.app.secrets import redact, redacted
+from zoo.attention import kernel_notices
 from zoo.data.samples import lost_worker
 from zoo.errors import CheckpointError, MachineFault, UsageError, storage_failure
 from zoo.training.banners import silence_banners
@@ -89,6 +90,8 @@ def with_safety_net(callbacks: list[Callback]) -> list[Callback]:
 def build(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule, L.Trainer]:
     datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
     task = hydra.utils.instantiate(cfg.model, _convert_="all")
+    for line in kernel_notices(task):  # e.g. a local window as long as the model's sequences
+        log.warning(line)
     callbacks = with_safety_net(instantiate_list(cfg.get("callbacks"))) + trial_callbacks(cfg)  # Optuna pruning
     loggers = instantiate_list(cfg.get("logger"))
     log_hydra_config(loggers, redacted(cfg))  # W&B: the resolved config of the run (secrets as ***)

@@ -7,7 +7,15 @@ from zoo.attention.blockwise import union_attention
 from zoo.attention.cache import KVCache, LinearAttentionState, RollingKVCache, StaticKVCache
 from zoo.attention.compressed import CompressedAttention
 from zoo.attention.config import AttentionConfig
-from zoo.attention.contract import AttentionKernel, DecodingState, HeadLayout, Kernel, ScoreBias, TokenLayout
+from zoo.attention.contract import (
+    AttentionKernel,
+    DecodingState,
+    HeadLayout,
+    Kernel,
+    ScoreBias,
+    TokenLayout,
+    kernel_notices,
+)
 from zoo.attention.core import MultiHeadAttention
 from zoo.attention.feature_maps import elu_feature_map, favor_feature_map, orthogonal_random_features
 from zoo.attention.full import FullAttention
@@ -53,6 +61,7 @@ __all__ = [
     "dot_product_attention",
     "elu_feature_map",
     "favor_feature_map",
+    "kernel_notices",
     "masked_attention",
     "orthogonal_random_features",
     "quadratic_linear_attention",

@@ -157,6 +157,11 @@ class Kernel(nn.Module):
         """Learn the model's token layout (kernels that need a maximum length or a grid override this)."""
         self.layout = layout
 
+    def notice(self) -> str | None:
+        """One line a user should read about this kernel in this model (an option that makes it another kernel
+        for the model's sequences), or None. `kernel_notices` collects them for the app to log."""
+        return None
+
     def setup_heads(self, heads: HeadLayout) -> None:
         """Learn the heads' shape (kernels with buffers sized by head_dim override this)."""
         self.heads = heads
@@ -181,3 +186,9 @@ class Kernel(nn.Module):
 
     def decode(self, q, k, v, cache, *, key_padding_mask=None, need_weights=False, bias=None):
         raise NotImplementedError
+
+
+def kernel_notices(model: nn.Module) -> list[str]:
+    """The distinct `Kernel.notice` lines of the kernels in `model`, in module order."""
+    lines = (module.notice() for module in model.modules() if isinstance(module, Kernel))
+    return list(dict.fromkeys(line for line in lines if line))

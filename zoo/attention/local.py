@@ -492,6 +492,17 @@ class LocalAttention(Kernel):
         self.window = window
         self.chunk_size = chunk_size  # None: the measured defaults
 
+    def notice(self) -> str | None:
+        """A window that reaches every token of the model's sequences both ways (window // 2 >= length - 1: the
+        bidirectional band; a causal one needs only window >= length) is exactly full attention there."""
+        length = getattr(self, "layout", None) and self.layout.max_length
+        if not length or self.window // 2 < length - 1:
+            return None
+        return (
+            f"attention.window={self.window} covers all {length} tokens of this model's sequences: local attention "
+            f"is exactly full attention here; set attention.window below {length} for a sliding window"
+        )
+
     def forward(
         self,
         q: torch.Tensor,
