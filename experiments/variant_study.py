@@ -363,6 +363,11 @@ def record(result: dict, paths: list[Path]) -> None:
         path.write_text(json.dumps(result, indent=2) + "\n")
 
 
+def missing_files(task: Task) -> list[str]:
+    """The files `task` needs that are not there (a pattern of `needs` matches the plain or the .gz file)."""
+    return [str(path) for path in task.needs if not any(path.parent.glob(path.name))]
+
+
 def fresh_folder(folder: Path) -> None:
     """An empty `folder`; one already there (an unfinished or older job) is kept aside rather than deleted."""
     if folder.exists():
@@ -377,8 +382,7 @@ def run_job(job: Job, reuse: bool, ledger: Path | None = None, machine_name: str
     in_ledger = [ledger_file(ledger, job)] if ledger is not None else []
     if reuse and (found := kept([own, *in_ledger])) is not None:
         return {**found, "reused": True}
-    missing = [str(path) for path in job.task.needs if not any(path.parent.glob(path.name))]
-    if missing:
+    if missing := missing_files(job.task):
         return {"status": "skipped", "reason": f"{', '.join(missing)} not found"}
     fresh_folder(job.folder)
     log = job.folder / "study.log"
@@ -412,7 +416,7 @@ def run_as(job: Job, plain: Job, args: argparse.Namespace, done: dict[Path, dict
     in_ledger = [ledger_file(args.ledger, job)] if args.ledger is not None else []
     if args.reuse and (found := kept([own, *in_ledger])) is not None:
         return {**found, "reused": True}
-    if job.task.needs and any(not any(path.parent.glob(path.name)) for path in job.task.needs):
+    if missing_files(job.task):
         return run_job(job, args.reuse)  # skipped, with the missing files named
     fresh_folder(job.folder)
     log = job.folder / "study.log"
