@@ -375,6 +375,13 @@ def fresh_folder(folder: Path) -> None:
     folder.mkdir(parents=True)
 
 
+def unfinished(code: int, log: Path) -> dict:
+    """The record of a job that ended without a number: exit 2 is bad input (by definition, as run.py says it)."""
+    if code == 2:
+        return {"status": "error", "reason": error_line(log)}
+    return {"status": "failed", "reason": f"failed (exit {code}): see {log}"}
+
+
 def run_job(job: Job, reuse: bool, ledger: Path | None = None, machine_name: str = "") -> dict:
     """Run one job (or, with `reuse`, take its record from its folder or the ledger). A job that ends with a
     number is also written to the ledger; errors and failures are not (they are redone next time)."""
@@ -396,10 +403,8 @@ def run_job(job: Job, reuse: bool, ledger: Path | None = None, machine_name: str
         value = metrics.get(job.task.metric)
         result = {"status": "ok", "value": value, "metrics": metrics} if value is not None else \
             {"status": "failed", "reason": f"no {job.task.metric} in {metrics_file}"}  # fmt: skip
-    elif code == 2:
-        result = {"status": "error", "reason": error_line(log)}  # bad input: by definition, as run.py says it
     else:
-        result = {"status": "failed", "reason": f"failed (exit {code}): see {log}"}
+        result = unfinished(code, log)
     result.update(wall_s=round(wall, 1), date=datetime.now().strftime("%Y-%m-%d %H:%M"), seed=job.seed,
                   machine=machine_name, command="python run.py " + " ".join(job.arguments))  # fmt: skip
     outcome = fmt(result.get("value"), job.task.digits) if result["status"] == "ok" else result["reason"]
@@ -424,8 +429,7 @@ def run_as(job: Job, plain: Job, args: argparse.Namespace, done: dict[Path, dict
     check = Job(job.task, job.row, job.seed, job.folder / "one_batch")
     code = run_in_process([*check.arguments, "trainer.fast_dev_run=true"], log)
     if code != 0:
-        result = {"status": "error", "reason": error_line(log)} if code == 2 else \
-            {"status": "failed", "reason": f"failed (exit {code}): see {log}"}  # fmt: skip
+        result = unfinished(code, log)
         result.update(seed=job.seed, command="python run.py " + " ".join(check.arguments))
         print(f"{result['status']} {result['reason']}", flush=True)
         record(result, [own])
