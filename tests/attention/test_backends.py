@@ -142,22 +142,65 @@ def test_full_attention_calls_sdpa_without_a_mask_when_is_causal_suffices(monkey
 @pytest.mark.parametrize("position_bias", ["alibi", "t5"])
 def test_a_position_bias_reaches_the_cpu_kernel_as_a_mask_of_the_queries_rank(monkeypatch, position_bias) -> None:
     """A bias (H, T, S) handed to the fused CPU kernel as is takes it off its fast path (fwd+bwd 3-4x slower at
-    (32, 4, 785, 16)); sdpa gives it a leading batch dimension, a view, and the outputs stay those of the formula."""
+    (32, 4, 785, 16)); sdpa gives it a leading batch dimension, a view, and the outputs and gradients stay those of
+    the formula. ALiBi's goes to SDPA, T5's (learned) to _LearnedBiasAttention."""
     ranks = []
-    original = functional_module.F.scaled_dot_product_attention
+    fused = functional_module.F.scaled_dot_product_attention
+    learned = functional_module._LearnedBiasAttention.apply
 
     def spy(q, k, v, **kwargs):
-        ranks.append((q.dim(), kwargs["attn_mask"].dim()))
-        return original(q, k, v, **kwargs)
+        ranks.append(("sdpa", q.dim(), kwargs["attn_mask"].dim()))
+        return fused(q, k, v, **kwargs)
+
+    def spy_learned(q, k, v, mask, scale):
+        ranks.append(("learned", q.dim(), mask.dim()))
+        return learned(q, k, v, mask, scale)
 
     monkeypatch.setattr(functional_module.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(functional_module._LearnedBiasAttention, "apply", spy_learned)
     torch.manual_seed(0)
     module = MultiHeadAttention(32, 4, position_bias=position_bias)
     x = torch.randn(2, functional_module.COMPOSITE_MAX_KEYS + 16, 32)
     out = module(x)
-    assert ranks == [(4, 4)]
+    assert ranks == [("learned" if position_bias == "t5" else "sdpa", 4, 4)]
     reference, _ = module(x, need_weights=True)  # the O(n^2) formula, not the fused kernel
     torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
+    parameters = list(module.parameters())  # T5's bias table among them
+    grad = torch.randn(out.shape)
+    for got, want in zip(torch.autograd.grad(out, parameters, grad), torch.autograd.grad(reference, parameters, grad)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mask_shape", [(4, 80, 80), (2, 4, 80, 80), (2, 1, 1, 80), (80, 80)])
+@pytest.mark.parametrize(("kv_heads", "dtype"), [(4, torch.float32), (2, torch.float32), (4, torch.bfloat16)])
+def test_a_mask_that_takes_a_gradient_keeps_the_fused_forward_and_equals_the_formula(
+    monkeypatch, mask_shape, kv_heads, dtype
+) -> None:
+    """A learned bias (T5's) on the CPU: SDPA's fused kernel gives no mask gradient, so sdpa runs it forward and
+    recomputes the probabilities in the backward (_LearnedBiasAttention), never SDPA's math path. Outputs and
+    gradients of q, k, v and the mask (per head, per batch element, per key, shared) equal the formula's."""
+
+    def no_math_path(*args, **kwargs):
+        raise AssertionError("F.scaled_dot_product_attention was called with a mask that requires grad")
+
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 80, 8, generator=generator).to(dtype).requires_grad_()
+    k, v = (torch.randn(2, kv_heads, 80, 8, generator=generator).to(dtype).requires_grad_() for _ in range(2))
+    mask = torch.randn(mask_shape, generator=generator).requires_grad_()
+    monkeypatch.setattr(functional_module.F, "scaled_dot_product_attention", no_math_path)
+    out = functional_module.sdpa(q, k, v, attn_mask=mask, enable_gqa=kv_heads != 4)
+    monkeypatch.undo()
+    assert out.dtype == dtype
+    inputs = (q, k, v, mask)
+    expected = reference_softmax_attention(*(t.float() for t in (q, k, v)), bias=mask)
+    tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(out.float(), expected, **tolerance)
+    grad = torch.randn(out.shape, generator=generator)
+    got = torch.autograd.grad(out, inputs, grad.to(dtype))
+    want = torch.autograd.grad(expected, inputs, grad)
+    for name, mine, theirs in zip(["q", "k", "v", "mask"], got, want):
+        assert mine.shape == theirs.shape, name
+        torch.testing.assert_close(mine.float(), theirs.float(), **tolerance, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @CUDA

@@ -15,9 +15,10 @@ COMPOSITE_MAX_KEYS = 64
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options) -> torch.Tensor:
-    """F.scaled_dot_product_attention, with two CPU exceptions for training, both exact to fp32 rounding: short
-    sequences (<= COMPOSITE_MAX_KEYS keys, no attention dropout) take the composite formula in fp32, and long
-    ones in bf16/fp16 run the fused kernel in fp32: its low-precision backward is 4-14x slower than its fp32 one for
+    """F.scaled_dot_product_attention, with three CPU exceptions for training, all exact to fp32 rounding: short
+    sequences (<= COMPOSITE_MAX_KEYS keys, no attention dropout) take the composite formula in fp32; long ones
+    with a float mask that takes a gradient (a learned bias) keep the fused forward (_LearnedBiasAttention), and the
+    rest in bf16/fp16 run the fused kernel in fp32: its low-precision backward is 4-14x slower than its fp32 one for
     heads of 16-64 dims (measured: (12, 4, 64, 32) causal, fwd+bwd 7.2 vs 1.6 ms)."""
     if q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, **options)
@@ -37,6 +38,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options) -> torch.
         and not torch.compiler.is_exporting()
     ):
         kernel = _composite_sdpa
+    elif q.dim() == 4 and _learned_bias(mask) and not options.get("dropout_p") and not torch.compiler.is_exporting():
+        kernel = _learned_bias_sdpa
     elif low_precision and training:
         kernel = F.scaled_dot_product_attention
     else:
@@ -48,6 +51,60 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options) -> torch.
         if mask is not None and mask.is_floating_point():
             options = {**options, "attn_mask": mask.float()}
         return kernel(q.float(), k.float(), v.float(), **options).to(q.dtype)
+
+
+def _learned_bias(mask: torch.Tensor | None) -> bool:
+    return mask is not None and mask.is_floating_point() and _needs_grad(mask)
+
+
+class _LearnedBiasAttention(torch.autograd.Function):
+    """Fused CPU attention whose float mask takes a gradient (a learned score bias: T5's). SDPA gives no mask
+    gradient from its fused kernel, so it falls back to the O(n^2)-memory math path (3.5 s fwd+bwd at (32, 4, 785,
+    16), one thread). Here the forward is the fused kernel (keeping the log-sum-exp) and the backward recomputes the
+    probabilities one batch element at a time, so that q, k, v and the mask take their gradients from one (H, T, S)
+    block: 2.0 s there, and memory O(n^2) per element instead of per batch."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask, scale=scale)
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.scale = q.shape[-1] ** -0.5 if scale is None else scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, mask, out, lse = ctx.saved_tensors  # mask (1 or B, 1 or H, T or 1, S)
+        scale = ctx.scale
+        delta = (grad_out * out).sum(-1, keepdim=True)  # softmax's backward: rowsum(dP * P) = rowsum(dO * O)
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
+        dmask = torch.zeros(mask.shape, dtype=mask.dtype)
+        for b in range(q.shape[0]):
+            row = b % mask.shape[0]
+            probs = torch.baddbmm(mask[row] - lse[b].unsqueeze(-1), q[b], k[b].transpose(-1, -2), alpha=scale).exp_()
+            torch.bmm(probs.transpose(-1, -2), grad_out[b], out=dv[b])
+            scores_grad = probs.mul_(torch.bmm(grad_out[b], v[b].transpose(-1, -2)).sub_(delta[b]))
+            torch.bmm(scores_grad, k[b], out=dq[b]).mul_(scale)
+            torch.bmm(scores_grad.transpose(-1, -2), q[b], out=dk[b]).mul_(scale)
+            dmask[row] += scores_grad.sum_to_size(dmask.shape[1:])
+        return dq, dk, dv, dmask, None
+
+
+def _learned_bias_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """F.scaled_dot_product_attention without dropout for a float mask that requires grad (_LearnedBiasAttention)."""
+    if is_causal:
+        raise ValueError("is_causal with an attn_mask: fold the causal band into the mask")
+    if enable_gqa:
+        k, v = repeat_kv(k, q.shape[1] // k.shape[1]), repeat_kv(v, q.shape[1] // v.shape[1])
+    return _LearnedBiasAttention.apply(q, k, v, attn_mask, scale)
 
 
 def _composite_sdpa(
