@@ -217,6 +217,7 @@ class Task:
     needs: tuple[Path, ...] = ()  # files that must exist (else the column is skipped, with the reason)
     digits: int = 3
     window: int | None = None  # local attention's window here, where the default covers the whole sequence
+    prior: bool = False  # a classification whose test set's most common class share is shown beside the rows
 
 
 def tasks(args: argparse.Namespace) -> list[Task]:
@@ -244,14 +245,14 @@ def tasks(args: argparse.Namespace) -> list[Task]:
                                                        f"trainer.max_steps={PIXEL_STEPS}",
                                                        f"trainer.val_check_interval={PIXEL_STEPS}",
                                                        f"trainer.limit_val_batches={LRA_VAL_BATCHES}"])),
-             () if quick else tuple(fashion), window=16 if quick else None),
+             () if quick else tuple(fashion), window=16 if quick else None, prior=True),
         Task("lra_listops", f"ListOps <= {256 if quick else f'2000 tokens, {LISTOPS_TRAIN} expressions'} (test acc)",
              "test/acc", True,
              ("experiment=lra_listops", *(["data.max_length=256", "data.num_train=480", "data.num_val=64",
                                            "data.num_test=64", "trainer.max_epochs=1"]
                                           if quick else [f"data.num_train={LISTOPS_TRAIN}", "trainer.max_epochs=1",
                                                          f"trainer.limit_val_batches={LRA_VAL_BATCHES}"])),
-             window=64 if quick else None),
+             window=64 if quick else None, prior=True),
     ]  # fmt: skip
 
 
@@ -551,6 +552,29 @@ def longer_block(job: Job, result: dict, args: argparse.Namespace) -> dict:
     return outcome
 
 
+# -- the class prior ------------------------------------------------------------------------------------------
+def most_common_share(task: Task, folder: Path) -> dict:
+    """The share of `task`'s test set that its most common class holds: the accuracy of a classifier that learned
+    nothing but the class prior (a row at this value answers that class to every input)."""
+    import hydra
+
+    if missing := missing_files(task):
+        return {"status": "skipped", "reason": f"{', '.join(missing)} not found"}
+    data = hydra.utils.instantiate(compose(list(task.overrides), folder).data, _convert_="all")
+    data.setup("test")
+    labels = data.splits["test"].tensors[1]
+    counts = labels.bincount()
+    top = int(counts.argmax())
+    classes = getattr(data, "classes", None)
+    return {"status": "ok", "value": float(counts[top]) / len(labels), "class": str(classes[top] if classes else top),
+            "test_size": len(labels)}  # fmt: skip
+
+
+def priors(columns: list[Task], folder: Path) -> dict[str, dict]:
+    """most_common_share of every column that shows one (Task.prior), by task key."""
+    return {task.key: most_common_share(task, folder / task.key) for task in columns if task.prior}
+
+
 # -- training time per step -----------------------------------------------------------------------------------
 def step_times(rows: list[Row], quick: bool, shapes: dict[int, tuple[int, int | None]] | None = None) -> dict:
     """ms per training step (forward, backward, AdamW) of the long-range tasks' classifier (2 layers, width 64) at
@@ -705,12 +729,23 @@ def best(scored: list[tuple[float, str]], higher: bool, digits: int) -> tuple[st
     return ", ".join(name for v, name in scored if fmt(v, digits) == shown), shown
 
 
-def winners(cells: dict, quality: list[tuple[str, str, int, bool]], speed: dict) -> list[str]:
+def winners(
+    cells: dict, quality: list[tuple[str, str, int, bool]], speed: dict, prior: dict | None = None
+) -> list[str]:
+    """The best rows of each column; where none beats the class prior's share (prior: most_common_share by task),
+    the column has no winner: every row with a number answers the most common class."""
     lines = []
     for key, header, digits, higher in quality:
         scored = [(r[key]["median"], name) for name, r in cells.items() if r.get(key, {}).get("median") is not None]
         if scored:
             names, value = best(scored, higher, digits)
+            share = (prior or {}).get(key, {})
+            if share.get("status") == "ok" and float(value) <= float(fmt(share["value"], digits)):
+                lines.append(
+                    f"- {header}: **no row** above the most common class's share ({fmt(share['value'], digits)}"
+                    f", class {share['class']}): the {len(scored)} rows with a number learned only the prior"
+                )
+                continue
             lines.append(f"- {header}: **{names}** ({value}; {len(scored)} rows with a number)")
     for n in speed["lengths"]:
         scored = [(r[n]["value"], name) for name, r in speed["rows"].items() if r.get(n, {}).get("status") == "ok"]
@@ -773,7 +808,20 @@ def provenance(cells: dict) -> str:
             f"(--reuse: the job folders, or the ledger {LEDGER}/).")  # fmt: skip
 
 
-def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min) -> str:
+def prior_text(prior: dict, columns: list[Task]) -> str:
+    """The class-prior line under the table (most_common_share of each column that shows one)."""
+    titles = {task.key: task.title for task in columns}
+    parts = [f"{titles.get(key, key)}: {fmt(share['value'], 3)} (class {share['class']}, of {share['test_size']})"
+             if share["status"] == "ok" else f"{titles.get(key, key)}: not measured ({share['reason']})"
+             for key, share in prior.items()]  # fmt: skip
+    if not parts:
+        return ""
+    return ("The most common class's share of the test set, the accuracy of a classifier that learned only the class "
+            "prior (a row at it answers that class to every input): " + "; ".join(parts) + ".")  # fmt: skip
+
+
+def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min, prior: dict | None = None) -> str:
+    prior = prior or {}
     quality = columns_of(columns)
     notes = Footnotes()
     header = ["attention", *(title for _, title, _, _ in quality), *(f"ms/step n={n}" for n in speed["lengths"]),
@@ -829,7 +877,8 @@ def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min) -> s
         if speed["lengths"]
         else "Training time per step: not measured in this run (--tasks without speed).",
         *at_4x,
-        "## Which setting wins where\n\n" + "\n".join(winners(cells, quality, speed) or ["- no numbers yet"]),
+        *([prior_text(prior, columns)] if prior else []),
+        "## Which setting wins where\n\n" + "\n".join(winners(cells, quality, speed, prior) or ["- no numbers yet"]),
         "## Published anchors: Long Range Arena (Tay et al. 2021, Table 1)\n\nAccuracy % on LRA's Image (CIFAR-10 "
         "as 1024 grey pixel tokens) and ListOps (up to 2000 tokens, 96k training expressions), with LRA's models "
         "(ListOps: 6 layers of width 512, 5000 steps of batch 32) trained on accelerators. Ours is much smaller: "
@@ -902,15 +951,16 @@ def main(argv: list[str] | None = None) -> Path:
     cells = run_study(args, rows, columns)
     empty = {"batch": 0, "steps": 0, "rounds": 0, "threads": 0, "lengths": [], "rows": {}}
     speed = step_times(rows, args.quick) if not args.tasks or "speed" in args.tasks else empty
+    prior = priors(columns, args.runs_dir / ("quick" if args.quick else "full") / "prior")
     wall_min = (time.perf_counter() - started) / 60
     args.out.mkdir(parents=True, exist_ok=True)
     plot(cells, columns_of(columns), args.out / "variant_study.png")
     path = args.out / "variant_study.md"
-    path.write_text(markdown(args, info, rows, left_out, columns, cells, speed, wall_min))
+    path.write_text(markdown(args, info, rows, left_out, columns, cells, speed, wall_min, prior))
     summary = {"machine": info, "mode": "quick" if args.quick else "full", "wall_min": round(wall_min, 1),
                "rows": [asdict(row) for row in rows], "left_out": left_out,
                "tasks": [{**asdict(task), "needs": [str(p) for p in task.needs]} for task in columns],
-               "cells": cells, "speed": speed}  # fmt: skip
+               "cells": cells, "speed": speed, "prior": prior}  # fmt: skip
     (args.out / "variant_study.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     print(f"\nwrote {path} in {wall_min:.1f} min", flush=True)
     return path

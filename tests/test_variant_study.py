@@ -362,3 +362,37 @@ def test_dynamic_rope_scaling_takes_the_rope_rows_jobs_after_a_one_batch_run_of_
     alone = variant_study.run_study(quick_args(tmp_path, "--seeds", "1"), [rows["rope+dynamic"]], [seq])
     assert alone["rope+dynamic"]["seq"]["runs"][0]["trained_as"] == "rope-seed0"  # the rope row's job, run now
     assert (tmp_path / "runs" / "quick" / "seq" / "rope+dynamic-seed0" / "study_result.json").is_file()
+
+
+def test_the_long_range_columns_show_the_class_prior_and_a_column_at_it_has_no_winner(tmp_path: Path) -> None:
+    """At the full study's budget every ListOps row scored 0.190: the test share of answer 0, i.e. nothing learned
+    but the prior. The page must say so rather than crown a 16-way tie."""
+    from collections import Counter
+
+    from zoo.data.listops import generate_listops
+
+    args = quick_args(tmp_path)
+    columns = {task.key: task for task in variant_study.tasks(args)}
+    assert [key for key, task in columns.items() if task.prior] == ["lra_pixel", "lra_listops"]
+    prior = variant_study.priors(list(columns.values()), tmp_path / "prior")
+    assert set(prior) == {"lra_pixel", "lra_listops"}
+    # quick ListOps: 480 | 64 | 64 expressions of 64-256 tokens, split in drawing order
+    answers = Counter(answer for _, answer in generate_listops(608, 64, 256, seed=0)[544:])
+    top, count = answers.most_common(1)[0]
+    assert prior["lra_listops"] == {"status": "ok", "value": count / 64, "class": str(top), "test_size": 64}
+    assert 0.1 <= prior["lra_pixel"]["value"] < 0.2 and prior["lra_pixel"]["class"] in "0123456789"
+    missing = variant_study.Task("fm", "FM", "test/acc", True, ("experiment=lra_pixel",), (tmp_path / "nope*",),
+                                 prior=True)  # fmt: skip
+    assert variant_study.most_common_share(missing, tmp_path / "m")["status"] == "skipped"
+
+    quality = [("lra_listops", "ListOps (test acc)", 3, True)]
+    share = {"lra_listops": {"status": "ok", "value": 0.19, "class": "0", "test_size": 1000}}
+    at_prior = {name: {"lra_listops": {"median": 0.19}} for name in ("full", "linear")}
+    speed = {"lengths": [], "rows": {}}
+    (line,) = variant_study.winners(at_prior, quality, speed, share)
+    assert "**no row** above the most common class's share (0.190, class 0)" in line and "2 rows" in line
+    above = {**at_prior, "full": {"lra_listops": {"median": 0.25}}}
+    assert variant_study.winners(above, quality, speed, share) == ["- ListOps (test acc): **full** (0.250; 2 rows "
+                                                                    "with a number)"]  # fmt: skip
+    text = variant_study.prior_text(share, [columns["lra_listops"]])
+    assert f"{columns['lra_listops'].title}: 0.190 (class 0, of 1000)" in text
