@@ -503,8 +503,10 @@ def positions_markdown(out: Path) -> str:
         return (
             "### Position options in the GPT, at its block and at 4x it (`experiments/variant_study.py`)\n\n"
             "Tiny-shakespeare char GPT (`experiment=gpt_shakespeare_char`: 4 layers, 4 heads, width 128, block 64, "
-            "2000 steps), val loss on the whole val split at the training block and at 4x it (the rope_scaling rows "
-            "train and evaluate with rope_factor 4; the learned positions of `full` have no weights past the block), "
+            "2000 steps), val loss on the whole val split at the training block and at 4x it (a position bias takes "
+            "the longer input as trained; linear, NTK-aware and dynamic RoPE scaling stretch the `rope` row's weights "
+            "by 4 at inference, as their users apply them; the learned positions of `full` have no weights past the "
+            "block), "
             f"{when.group(1) if when else ''}: `{command.group(1) if command else page}` ([its page]({shown})).\n\n"
             + "\n".join(body)
             + (f"\n\n{notes}" if notes else "")

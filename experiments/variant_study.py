@@ -743,7 +743,7 @@ def winners(
             if share.get("status") == "ok" and float(value) <= float(fmt(share["value"], digits)):
                 lines.append(
                     f"- {header}: **no row** above the most common class's share ({fmt(share['value'], digits)}"
-                    f", class {share['class']}): the {len(scored)} rows with a number learned only the prior"
+                    f", class {share['class']}): none of the {len(scored)} row(s) with a number scored above it"
                 )
                 continue
             lines.append(f"- {header}: **{names}** ({value}; {len(scored)} rows with a number)")

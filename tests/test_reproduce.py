@@ -103,6 +103,7 @@ def test_positions_section_takes_the_gpt_columns_of_the_position_rows(tmp_path: 
     assert "local" not in text.split("|---|")[1] and "0.980" not in text  # other rows and columns left out
     assert "[1] wpe.weight" in text and "--tasks gpt_char vit_digits" in text and "2026-12-01 16:10" in text
     assert f"({reproduce.POSITIONS}/variant_study.md)" in text
+    assert "stretch the `rope` row's weights by 4 at inference" in text and "train and evaluate" not in text
     # The full study's page, once it has the 4x column, is preferred.
     (tmp_path / "variant_study.md").write_text(STUDY_PAGE.replace("1.8231", "1.7000"))
     assert "| full+alibi | 1.8425 | 1.7000 |" in reproduce.positions_markdown(tmp_path)

@@ -390,7 +390,7 @@ def test_the_long_range_columns_show_the_class_prior_and_a_column_at_it_has_no_w
     at_prior = {name: {"lra_listops": {"median": 0.19}} for name in ("full", "linear")}
     speed = {"lengths": [], "rows": {}}
     (line,) = variant_study.winners(at_prior, quality, speed, share)
-    assert "**no row** above the most common class's share (0.190, class 0)" in line and "2 rows" in line
+    assert "**no row** above the most common class's share (0.190, class 0)" in line and "none of the 2 row(s)" in line
     above = {**at_prior, "full": {"lra_listops": {"median": 0.25}}}
     assert variant_study.winners(above, quality, speed, share) == ["- ListOps (test acc): **full** (0.250; 2 rows "
                                                                     "with a number)"]  # fmt: skip
