@@ -755,9 +755,10 @@ def winners(
     return lines
 
 
-def plot(cells: dict, quality: list[tuple[str, str, int, bool]], path: Path) -> None:
+def plot(cells: dict, quality: list[tuple[str, str, int, bool]], path: Path, prior: dict | None = None) -> None:
     """One panel per quality column: each row's median against its jobs' median wall time (log); the 4x column
-    is placed at the GPT job's time."""
+    is placed at the GPT job's time. A column with a class prior (most_common_share) draws it as a dashed line;
+    the rows on it are grey and counted rather than named (their names would sit on top of each other)."""
     import math
 
     import matplotlib
@@ -771,13 +772,23 @@ def plot(cells: dict, quality: list[tuple[str, str, int, bool]], path: Path) -> 
     fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.0 * rows), squeeze=False)
     for ax in axes.flat[len(quality) :]:
         ax.axis("off")
-    for ax, (key, header, _, higher) in zip(axes.flat, quality):
+    for ax, (key, header, digits, higher) in zip(axes.flat, quality):
         timed = "gpt_char" if key == EXTRAPOLATION else key
         points = [(row[timed]["wall_s"], row[key]["median"], name) for name, row in cells.items()
                   if row.get(key, {}).get("median") is not None and row.get(timed, {}).get("wall_s")]  # fmt: skip
+        share = (prior or {}).get(key, {})
+        at = fmt(share["value"], digits) if share.get("status") == "ok" else None
         for wall, value, name in points:
-            ax.scatter(wall, value, color="tab:blue")
-            ax.annotate(name, (wall, value), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            on_prior = at is not None and fmt(value, digits) == at
+            ax.scatter(wall, value, color="tab:grey" if on_prior else "tab:blue")
+            if not on_prior:
+                ax.annotate(name, (wall, value), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        if at is not None:
+            ax.axhline(share["value"], color="tab:grey", linestyle="--", linewidth=0.8)
+            count = sum(fmt(value, digits) == at for _, value, _ in points)
+            ax.annotate(f"class prior {at}" + (f": {count} row(s) on it" if count else ""), (0.02, share["value"]),
+                        xycoords=("axes fraction", "data"), xytext=(0, 4), textcoords="offset points", fontsize=7,
+                        color="tab:grey")  # fmt: skip
         ax.set_xscale("log")
         ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.xaxis.set_major_formatter(ScalarFormatter())
@@ -954,7 +965,7 @@ def main(argv: list[str] | None = None) -> Path:
     prior = priors(columns, args.runs_dir / ("quick" if args.quick else "full") / "prior")
     wall_min = (time.perf_counter() - started) / 60
     args.out.mkdir(parents=True, exist_ok=True)
-    plot(cells, columns_of(columns), args.out / "variant_study.png")
+    plot(cells, columns_of(columns), args.out / "variant_study.png", prior)
     path = args.out / "variant_study.md"
     path.write_text(markdown(args, info, rows, left_out, columns, cells, speed, wall_min, prior))
     summary = {"machine": info, "mode": "quick" if args.quick else "full", "wall_min": round(wall_min, 1),

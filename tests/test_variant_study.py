@@ -394,5 +394,11 @@ def test_the_long_range_columns_show_the_class_prior_and_a_column_at_it_has_no_w
     above = {**at_prior, "full": {"lra_listops": {"median": 0.25}}}
     assert variant_study.winners(above, quality, speed, share) == ["- ListOps (test acc): **full** (0.250; 2 rows "
                                                                     "with a number)"]  # fmt: skip
+    # The plot draws the prior and greys the rows on it (drawn without the prior, the picture differs).
+    timed = {name: {"lra_listops": {**cell["lra_listops"], "wall_s": 60.0 + i}} for i, (name, cell) in
+             enumerate(at_prior.items())}  # fmt: skip
+    variant_study.plot(timed, quality, tmp_path / "with.png", share)
+    variant_study.plot(timed, quality, tmp_path / "without.png")
+    assert (tmp_path / "with.png").read_bytes() != (tmp_path / "without.png").read_bytes()
     text = variant_study.prior_text(share, [columns["lra_listops"]])
     assert f"{columns['lra_listops'].title}: 0.190 (class 0, of 1000)" in text
