@@ -56,9 +56,7 @@ def parse_args() -> argparse.Namespace:
         help="every path in each: 32-true (fp32) and bf16-mixed (torch.autocast(bfloat16), Lightning's flag)",
     )
     parser.add_argument("--unfused", action="store_true", help="Adam's per-tensor loop instead of the fused kernel")
-    parser.add_argument(
-        "--compile", action="store_true", help="also zoo's Lightning path under torch.compile (inductor)"
-    )
+    parser.add_argument("--compile", action="store_true", help="also every path under torch.compile (inductor)")
     parser.add_argument("--json", type=str, default=None, help="also write the results to this file")
     return parser.parse_args()
 
@@ -103,6 +101,12 @@ def plain_loop(model: torch.nn.Module, logits_of: Callable, batches, args, total
         optimizer.step()
         schedule.step()
     return args.steps * args.batch_size * args.block_size / (time.perf_counter() - start)
+
+
+def compiled_plain_loop(model: torch.nn.Module, logits_of: Callable, batches, args, total_steps: int, precision: str):
+    """plain_loop with the forward under torch.compile (inductor), compiled during the untimed warm-up steps."""
+    compiled = torch.compile(model)
+    return plain_loop(model, lambda _, x: logits_of(compiled, x), batches, args, total_steps, precision)
 
 
 class StepTimer(L.Callback):
@@ -157,6 +161,8 @@ def ratios(median: dict[str, float]) -> dict[str, float]:
     if fp32 and bf16:
         out["Lightning bf16-mixed / Lightning fp32"] = bf16 / fp32
     ours = [value for name, value in median.items() if name.startswith("zoo GPT, Lightning")]
+    if fp32 and ours:
+        out["zoo Lightning (fastest) / zoo Lightning fp32 eager"] = max(ours) / fp32
     theirs = [value for name, value in median.items() if name.startswith("HF GPT-2")]
     if ours and theirs:
         out["zoo Lightning (fastest) / HF GPT-2 (fastest)"] = max(ours) / max(theirs)
@@ -202,6 +208,9 @@ def main() -> None:
         )
         paths[path_name("zoo GPT, Lightning", precision)] = lambda p=precision: lightning_path(net, loader(), args, p)
         if args.compile:
+            paths[path_name("zoo GPT, plain loop, compiled", precision)] = lambda p=precision: compiled_plain_loop(
+                GPT(GPTConfig(**net)), lambda net, x: net(x), batches(), args, total_steps, p
+            )
             paths[path_name("zoo GPT, Lightning, compiled", precision)] = lambda p=precision: lightning_path(
                 net, loader(), args, p, compile=True
             )
@@ -209,6 +218,10 @@ def main() -> None:
             paths[path_name("HF GPT-2, plain loop", precision)] = lambda p=precision: plain_loop(
                 GPT2LMHeadModel(hf_config), lambda model, x: model(x).logits, batches(), args, total_steps, p
             )
+            if args.compile:
+                paths[path_name("HF GPT-2, plain loop, compiled", precision)] = lambda p=precision: compiled_plain_loop(
+                    GPT2LMHeadModel(hf_config), lambda net, x: net(x).logits, batches(), args, total_steps, p
+                )
 
     L.seed_everything(0, verbose=False)
     peak = measure_matmul_peak()

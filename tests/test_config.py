@@ -88,6 +88,24 @@ def test_vit_fast_dev_run_writes_outputs(tmp_outputs: Path) -> None:
     assert 0.0 <= metrics["test/acc"] <= 1.0
 
 
+@pytest.mark.parametrize(
+    ("overrides", "compiled"),
+    [(["experiment=gpt_shakespeare_char"], True), (["experiment=gpt_shakespeare_char", "model.compile=false"], False),
+     (["model=gpt"], False), (["model=vit"], False)],
+)  # fmt: skip
+def test_the_gpt_recipe_compiles_its_training_steps(overrides, compiled, tmp_path) -> None:
+    """#19: the shakespeare recipe trains compiled (1.5x the fp32 eager step); model.compile=false turns it off."""
+    from omegaconf import open_dict, read_write
+
+    from zoo.app.pipeline import build
+
+    cfg = compose_config([*overrides, "logger=none"], tmp_path)
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.job.num, cfg.hydra.runtime.output_dir = 0, str(tmp_path)
+    _, task, _ = build(cfg)
+    assert (task.compile_backend == "inductor") is compiled
+
+
 @pytest.mark.parametrize("native_bf16", [True, False], ids=["bf16-cpu", "avx2-cpu"])
 @pytest.mark.parametrize(
     ("overrides", "expected"),

@@ -18,6 +18,12 @@ def test_ratios_compare_the_right_paths() -> None:
     assert ratios["Lightning / plain loop, fp32"] == 0.95
     assert ratios["Lightning bf16-mixed / Lightning fp32"] == 120.0 / 95.0
     assert ratios["zoo Lightning (fastest) / HF GPT-2 (fastest)"] == 120.0 / 80.0  # each side at its best
+    assert ratios["zoo Lightning (fastest) / zoo Lightning fp32 eager"] == 120.0 / 95.0
+    median |= {"zoo GPT, Lightning, compiled, bf16-mixed": 150.0, "HF GPT-2, plain loop, compiled, 32-true": 90.0}
+    ratios = gpt_throughput.ratios(median)
+    assert ratios["zoo Lightning (fastest) / zoo Lightning fp32 eager"] == 150.0 / 95.0  # the recipe's default path
+    assert ratios["Lightning bf16-mixed / Lightning fp32"] == 120.0 / 95.0  # eager against eager
+    assert ratios["zoo Lightning (fastest) / HF GPT-2 (fastest)"] == 150.0 / 90.0  # HF compiled counts as HF's best
 
 
 def test_the_benchmark_runs_every_path_in_both_precisions(tmp_path) -> None:

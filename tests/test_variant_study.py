@@ -164,9 +164,10 @@ def test_a_job_stopped_by_a_signal_stops_the_study(status: int, tmp_path: Path, 
 def tiny_gpt_task(tmp_path: Path) -> variant_study.Task:
     text = tiny_text(tmp_path / "shared" / "tinyshakespeare" / "input.txt")
     return variant_study.Task("gpt_char", "GPT", "val/loss", False, (
-        "experiment=gpt_shakespeare_char", f"data.path={text}", "model.net.n_layer=1", "model.net.n_head=2",
-        "model.net.n_embd=16", "data.block_size=16", "trainer.max_steps=2", "trainer.val_check_interval=2",
-        "data.eval_batches=2", "model.sample.max_new_tokens=0", f"paths.data_dir={tmp_path}",
+        "experiment=gpt_shakespeare_char", f"data.path={text}", "model.compile=false", "model.net.n_layer=1",
+        "model.net.n_head=2", "model.net.n_embd=16", "data.block_size=16", "trainer.max_steps=2",
+        "trainer.val_check_interval=2", "data.eval_batches=2", "model.sample.max_new_tokens=0",
+        f"paths.data_dir={tmp_path}",
     ))  # fmt: skip
 
 

@@ -70,6 +70,26 @@ def test_compile_serves_training_steps_only() -> None:
     assert plain.train().network() is plain.net
 
 
+def test_inductor_without_a_cpp_compiler_trains_eager_with_one_warning(monkeypatch, caplog) -> None:
+    """model.compile=true on a CPU machine with no C++ compiler (inductor would fail at the first step): eager,
+    with a warning that names what is missing; a compiler present: compiled."""
+    import torch._inductor.config as inductor_config
+
+    from zoo.tasks.classification import ImageClassificationTask
+
+    net = {"image_size": 8, "in_channels": 1, "num_classes": 10, "patch_size": 4, "dim": 16, "depth": 1,
+           "num_heads": 2, "mlp_dim": 32}  # fmt: skip
+    task = ImageClassificationTask(net=net, compile=True)
+    task.configure_model()
+    assert task.network() is not task.net  # gcc is here
+    monkeypatch.setattr(inductor_config.cpp, "cxx", ("no-such-compiler-for-zoo",))
+    task = ImageClassificationTask(net=net, compile=True)
+    with caplog.at_level("WARNING", logger="zoo"):
+        task.configure_model()
+    assert task.network() is task.net and task.compile_backend is None
+    assert "C++ compiler" in caplog.text and "training eager" in caplog.text
+
+
 def test_a_compiled_run_and_an_older_compiled_checkpoint_load_for_test_and_as_pretrained(tmp_path, capsys) -> None:
     compiled = train([*VIT, *ONE_EPOCH, "model.compile=aot_eager"], tmp_path / "compiled", capsys)
     names = list(torch.load(compiled, weights_only=True)["state_dict"])

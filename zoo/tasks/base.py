@@ -3,6 +3,7 @@ checkpoint's identity (task and model family) and tokenizer, torch.compile."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, ClassVar
 
 import lightning as L
@@ -14,6 +15,8 @@ from zoo.errors import CheckpointError
 from zoo.tasks.optim import build_optimizer, lr_multiplier
 from zoo.training.checkpoints import check_weights
 from zoo.weights import checkpoint_identity, identity
+
+log = logging.getLogger("zoo")
 
 
 class ZooTask(L.LightningModule):
@@ -39,6 +42,9 @@ class ZooTask(L.LightningModule):
         self.compile_backend = compile_backend(compile)
 
     def configure_model(self) -> None:
+        if self.compile_backend == "inductor" and self.device.type == "cpu" and (missing := missing_cpp_compiler()):
+            log.warning(f"model.compile: {missing}; training eager (model.compile=false hides this warning)")
+            self.compile_backend = None
         if self.compile_backend and getattr(self, "_compiled_net", None) is None:
             # Kept outside the module tree: parameter names, and so checkpoints, stay those of the plain network.
             object.__setattr__(self, "_compiled_net", torch.compile(self.net, backend=self.compile_backend))
@@ -120,6 +126,18 @@ class ZooTask(L.LightningModule):
         if hasattr(datamodule, "use_tokenizer"):
             datamodule.use_tokenizer(tokenizer)
             self.tokenizer = datamodule.tokenizer
+
+
+def missing_cpp_compiler() -> str | None:
+    """Why TorchInductor cannot build CPU kernels here (no C++ compiler), or None when it can."""
+    from torch._inductor import exc
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        get_cpp_compiler()
+    except exc.InvalidCxxCompiler:
+        return "TorchInductor needs a C++ compiler for the CPU and found none (install g++, or set CXX)"
+    return None
 
 
 def compile_backend(compile: bool | str) -> str | None:
