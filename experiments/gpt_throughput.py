@@ -209,7 +209,7 @@ def main() -> None:
         paths[path_name("zoo GPT, Lightning", precision)] = lambda p=precision: lightning_path(net, loader(), args, p)
         if args.compile:
             paths[path_name("zoo GPT, plain loop, compiled", precision)] = lambda p=precision: compiled_plain_loop(
-                GPT(GPTConfig(**net)), lambda net, x: net(x), batches(), args, total_steps, p
+                GPT(GPTConfig(**net)), lambda model, x: model(x), batches(), args, total_steps, p
             )
             paths[path_name("zoo GPT, Lightning, compiled", precision)] = lambda p=precision: lightning_path(
                 net, loader(), args, p, compile=True
@@ -220,7 +220,7 @@ def main() -> None:
             )
             if args.compile:
                 paths[path_name("HF GPT-2, plain loop, compiled", precision)] = lambda p=precision: compiled_plain_loop(
-                    GPT2LMHeadModel(hf_config), lambda net, x: net(x).logits, batches(), args, total_steps, p
+                    GPT2LMHeadModel(hf_config), lambda model, x: model(x).logits, batches(), args, total_steps, p
                 )
 
     L.seed_everything(0, verbose=False)

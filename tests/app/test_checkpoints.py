@@ -75,12 +75,11 @@ def test_inductor_without_a_cpp_compiler_trains_eager_with_one_warning(monkeypat
     with a warning that names what is missing; a compiler present: compiled."""
     import torch._inductor.config as inductor_config
 
+    from zoo.tasks.base import missing_cpp_compiler
     from zoo.tasks.classification import ImageClassificationTask
 
     net = {"image_size": 8, "in_channels": 1, "num_classes": 10, "patch_size": 4, "dim": 16, "depth": 1,
            "num_heads": 2, "mlp_dim": 32}  # fmt: skip
-    from zoo.tasks.base import missing_cpp_compiler
-
     task = ImageClassificationTask(net=net, compile=True)
     task.configure_model()
     assert (task.network() is not task.net) is (missing_cpp_compiler() is None)  # compiled where g++ is found
