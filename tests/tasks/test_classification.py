@@ -1,5 +1,6 @@
 """The image classification task's MixUp / CutMix options (zoo/tasks/classification.py): training batches are
-mixed and scored against mixed labels; validation and test see the images as they are."""
+mixed and scored against mixed labels; validation and test see the images as they are, or with `eval_hflip` the
+mean of each image's and its mirror's class probabilities."""
 
 from __future__ import annotations
 
@@ -114,8 +115,54 @@ def test_the_stem_a_config_names_is_the_models(stem: str, tmp_path) -> None:
     assert isinstance(clip.net.image_encoder.patch_embed, torch.nn.Sequential) is conv
 
 
+@pytest.mark.parametrize("stage", ["val", "test"])
+def test_eval_hflip_scores_the_mean_of_the_image_and_its_mirror(stage: str) -> None:
+    torch.manual_seed(0)
+    task = ImageClassificationTask(NET, eval_hflip=True).eval()
+    with torch.no_grad():  # the head starts at zero (uniform scores, the same for any image): random weights
+        for parameter in task.net.parameters():
+            parameter.normal_(0, 0.5)
+    images, labels = batch()
+    scores = []
+    original = F.cross_entropy
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(F, "cross_entropy", lambda logits, target, **_: scores.append(logits) or original(logits, target))
+        loss = task._step((images, labels), stage)
+    with torch.no_grad():
+        probs = (task.net(images).softmax(-1) + task.net(images.flip(-1)).softmax(-1)) / 2
+    torch.testing.assert_close(scores[0].exp(), probs)
+    torch.testing.assert_close(loss, F.nll_loss(probs.log(), labels))
+    plain = ImageClassificationTask(NET).eval()
+    plain.load_state_dict(task.state_dict())
+    _, _, plain_loss = recorded_step(plain, stage)  # off: the image alone, a different score
+    assert not torch.allclose(plain_loss, loss)
+
+
+def test_eval_hflip_leaves_training_batches_alone() -> None:
+    task = ImageClassificationTask(NET, eval_hflip=True)
+    images, labels = batch()
+    seen, targets, _ = recorded_step(task, "train")
+    assert torch.equal(seen, images) and torch.equal(targets, labels)
+
+
+def test_eval_hflip_is_the_fashion_mnist_recipes_and_not_the_digits(tmp_path) -> None:
+    import hydra
+
+    assert hydra.utils.instantiate(compose_config(["model=vit"], tmp_path).model, _convert_="all").eval_hflip is False
+    fashion = compose_config(["experiment=vit_fashion_mnist"], tmp_path).model
+    assert hydra.utils.instantiate(fashion, _convert_="all").eval_hflip is True
+
+
+@pytest.mark.parametrize("value", ["yes", 1])
+def test_a_bad_eval_hflip_is_one_line_naming_it(value) -> None:
+    with pytest.raises(ValueError, match=r"model.eval_hflip mirrors images: true or false.*got"):
+        ImageClassificationTask(NET, eval_hflip=value)
+
+
 def test_token_sequences_refuse_mixing() -> None:
     net = dict(vocab_size=16, num_classes=10, max_length=8, dim=16, depth=1, num_heads=2, mlp_dim=32)
     SequenceClassificationTask(net)
     with pytest.raises(ValueError, match=r"mix images; SequenceClassificationTask's inputs are token ids"):
         SequenceClassificationTask(net, mixup_alpha=0.2)
+    with pytest.raises(ValueError, match=r"model.eval_hflip .* false for SequenceClassificationTask's token ids"):
+        SequenceClassificationTask(net, eval_hflip=True)

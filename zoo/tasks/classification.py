@@ -4,6 +4,7 @@ pixel sequences, ListOps) with zoo's sequence classifier."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -25,6 +26,10 @@ class ClassificationTask(ZooTask):
     batches (torchvision's transforms; both: one of the two per batch, as DeiT trains): each image mixed with its
     neighbour in the batch by a Beta(alpha, alpha) share, and the loss against the mixed labels. Validation and
     test see the inputs as they are; train/acc counts a mixed image's larger share as its label.
+
+    `eval_hflip` (images only; for classes a mirror leaves as they are, e.g. clothes, not digits): validation and
+    test score each image by the mean of its and its mirror image's class probabilities (test-time augmentation);
+    their loss is that mean's negative log-likelihood.
     """
 
     mixes_inputs = False  # whether inputs can be mixed (images); token ids cannot
@@ -39,6 +44,7 @@ class ClassificationTask(ZooTask):
         cutmix_alpha: float = 0.0,
         compile: bool = False,
         pretrained: str | None = None,
+        eval_hflip: bool = False,
     ) -> None:
         check_non_negative("model.mixup_alpha", mixup_alpha)
         check_non_negative("model.cutmix_alpha", cutmix_alpha)
@@ -47,10 +53,16 @@ class ClassificationTask(ZooTask):
                 f"model.mixup_alpha / model.cutmix_alpha mix images; {type(self).__name__}'s inputs are token ids: "
                 f"set both to 0, got {mixup_alpha} / {cutmix_alpha}"
             )
+        if not isinstance(eval_hflip, bool) or (eval_hflip and not self.mixes_inputs):
+            raise ValueError(
+                f"model.eval_hflip mirrors images: true or false, and false for {type(self).__name__}'s token ids; "
+                f"got {eval_hflip!r}"
+            )
         super().__init__(optimizer, scheduler, compile)
         self.save_hyperparameters()
         self.net = self.build_net(net, pretrained)
         self.label_smoothing = label_smoothing
+        self.eval_hflip = eval_hflip
         num_classes = self.net.config.num_classes
         mixes = [v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []
         mixes += [v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else []
@@ -70,10 +82,19 @@ class ClassificationTask(ZooTask):
         """A training batch's inputs and the targets of its loss: class indices, or mixed (B, classes) labels."""
         return self.batch_mix(inputs, labels) if self.batch_mix is not None else (inputs, labels)
 
+    def evaluation_logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Validation / test scores: the logits, or with `eval_hflip` the log of the mean of the image's and its
+        mirror's class probabilities (one forward pass over both)."""
+        if not self.eval_hflip:
+            return self(inputs)
+        both = self(torch.cat([inputs, inputs.flip(-1)])).float().log_softmax(dim=-1)
+        plain, mirrored = both.chunk(2)
+        return torch.logaddexp(plain, mirrored) - math.log(2.0)
+
     def _step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> torch.Tensor:
         inputs, labels = batch
         inputs, targets = self.training_targets(inputs, labels) if stage == "train" else (inputs, labels)
-        logits = self(inputs)
+        logits = self(inputs) if stage == "train" else self.evaluation_logits(inputs)
         loss = F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing if stage == "train" else 0.0)
         # update, not the metric's forward: that also computes each batch's own accuracy, which nobody logs
         getattr(self, f"{stage}_acc").update(logits.detach(), targets.argmax(dim=1) if targets.ndim == 2 else labels)
