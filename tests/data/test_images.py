@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from zoo.data.images import DigitsDataModule, FashionMNISTDataModule, ImageFolderDataModule
+from zoo.data.images import (
+    DigitsDataModule,
+    FashionMNISTDataModule,
+    ImageFolderDataModule,
+    MNISTDataModule,
+    RandomCropFlip,
+)
 from zoo.errors import DataError
 
 
@@ -110,3 +116,70 @@ def test_image_folder_reads_class_folders(tmp_path: Path) -> None:
     assert len(dm.train_set) + len(dm.val_set) + len(dm.test_set) == 20
     images, _ = next(iter(dm.train_dataloader()))
     assert images.shape == (4, 3, 8, 8)
+
+
+def torchvision_candidates(image: torch.Tensor, padding: int, flip: bool, mean, std) -> torch.Tensor:
+    """Every output torchvision's RandomCrop(size, padding) (+ RandomHorizontalFlip) can give for a uint8 image,
+    normalised: (offsets x mirrors, C, H, W)."""
+    from torchvision.transforms import v2
+    from torchvision.transforms.v2 import functional as TF
+
+    size = image.shape[-1]
+    padded = TF.pad(image, [padding])
+    crops = [padded[..., i : i + size, j : j + size] for i in range(2 * padding + 1) for j in range(2 * padding + 1)]
+    crops += [crop.flip(-1) for crop in crops] if flip else []
+    to_float = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+    return torch.stack([to_float(crop) for crop in crops])
+
+
+@pytest.mark.parametrize("module, flip", [(FashionMNISTDataModule, True), (MNISTDataModule, False)])
+def test_batch_crops_and_mirrors_are_torchvisions_drawn_per_image(module, flip: bool, tmp_path: Path) -> None:
+    make_fake_mnist(tmp_path, n_train=400)
+    dm = module(data_dir=str(tmp_path), download=False, batch_size=400, val_fraction=0.1)
+    dm.setup()
+    assert dm.train_set.prepared is not None  # the crops happen on batches, not per sample
+    assert isinstance(dm.train_augment, RandomCropFlip) and dm.train_augment.flip is flip
+    torch.manual_seed(0)
+    images = dm.train_set.prepared
+    out = dm.train_augment(images)
+    picked = []
+    for index in range(len(images)):
+        candidates = torchvision_candidates(dm.train_set.images[index], 2, flip, dm.mean, dm.std)
+        matches = (candidates - out[index]).abs().flatten(1).amax(dim=1) < 1e-6
+        assert matches.any(), f"image {index} is none of torchvision's crops"
+        picked.append(int(matches.nonzero()[0]))
+    assert len(set(picked)) >= (40 if flip else 22)  # of 50 (25 offsets, mirrored or not) / 25: all get drawn
+
+
+def test_batch_augmentation_is_for_training_batches_only(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    make_fake_mnist(tmp_path)
+    dm = FashionMNISTDataModule(data_dir=str(tmp_path), download=False, batch_size=64, val_fraction=0.1)
+    dm.setup()
+    batch = (dm.train_set.prepared[:64], dm.train_set.labels[:64])
+    for training in (True, False):
+        dm.trainer = SimpleNamespace(training=training)
+        images, labels = dm.on_after_batch_transfer(batch, 0)
+        assert torch.equal(labels, batch[1]) and torch.equal(images, batch[0]) is not training
+    off = FashionMNISTDataModule(data_dir=str(tmp_path), download=False, augment=False)
+    off.setup()
+    off.trainer = SimpleNamespace(training=True)
+    assert off.train_augment is None and torch.equal(off.on_after_batch_transfer(batch, 0)[0], batch[0])
+
+
+def test_clip_captions_get_the_image_modules_batch_augmentation(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from zoo.data.captions import LabelledCaptionDataModule
+
+    make_fake_mnist(tmp_path)
+    images = FashionMNISTDataModule(data_dir=str(tmp_path), download=False, val_fraction=0.1)
+    captions = LabelledCaptionDataModule(images, batch_size=16, max_length=24, vocab_size=300)
+    captions.setup()
+    batch = next(iter(captions.train_dataloader()))
+    for training in (True, False):
+        captions.trainer = SimpleNamespace(training=training)
+        out = captions.on_after_batch_transfer(batch, 0)
+        assert torch.equal(out["tokens"], batch["tokens"])
+        assert torch.equal(out["images"], batch["images"]) is not training

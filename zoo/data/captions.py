@@ -288,6 +288,11 @@ class LabelledCaptionDataModule(CaptionDataModule):
     def tokenizer_captions(self) -> list[str]:
         return [caption for row in fill_templates(self.templates, self.classes) for caption in row]
 
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # the image module's batch augmentation (e.g. Fashion-MNIST's crops and mirrors) on training batches
+        training = self.trainer is not None and self.trainer.training
+        return {**batch, "images": self.images.augment_batch(batch["images"], training)}
+
     def check_captions_fit(self) -> None:
         # A truncated prompt loses its end, often the class name: every filled template must fit.
         captions = self.tokenizer_captions()
