@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.attention.fast.dropout import cpu_keep_mask
 from zoo.models.vit import ViT
 from zoo.nn import Dropout
-from zoo.attention.fast.dropout import cpu_keep_mask
 from zoo.nn.dropout import dropout
 
 

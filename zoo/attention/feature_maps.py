@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from zoo.attention.fast import linear as fast_linear
 from zoo.attention.fast import use_fast_kernels
@@ -34,7 +33,7 @@ def elu_feature_map(
         raise ValueError("elu_feature_map writes into `out` only without autograd")
     if use_fast_kernels():
         return fast_linear.elu_plus_one(x, out, scratch)
-    y = F.elu(x) + 1.0
+    y = torch.exp(x.clamp(max=0.0)) + x.clamp(min=0.0)  # elu(x) + 1, without elu's cancellation of exp(x) - 1 + 1
     return y if out is None else out.copy_(y)
 
 
