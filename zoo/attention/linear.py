@@ -46,6 +46,11 @@ DEFAULT_CHUNK_SIZE = 64
 FeatureMap = Callable[[torch.Tensor, bool, "dict | None"], torch.Tensor]
 
 
+def _fresh(workspace: None, name: str, shape: tuple[int, ...], like: torch.Tensor) -> None:
+    """No scratch tensor (the reference path): each result is a fresh tensor."""
+    return None
+
+
 def _elu(x: torch.Tensor, is_query: bool, workspace: dict | None = None) -> torch.Tensor:
     if workspace is None:
         return elu_feature_map(x)
@@ -164,7 +169,7 @@ def causal_linear_attention(
     # Across chunks: each chunk's phi(K)^T V (per key/value head), summed over all earlier chunks.
     if workspace is not None and torch.is_grad_enabled():
         raise ValueError("causal_linear_attention reuses a workspace only without autograd")
-    scratch = fast_linear.scratch  # None without a workspace (the reference path): fresh tensors
+    scratch = _fresh if workspace is None else fast_linear.scratch  # the fast path's reused tensors
     states_out = scratch(workspace, "states", (k_chunks.shape[0], dim, width), phi_k)
     chunk_states = torch.bmm(k_chunks.transpose(1, 2), v_chunks, out=states_out)
     chunk_states = chunk_states.view(batch * kv_heads, n_chunks, dim * width)
