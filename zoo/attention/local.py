@@ -98,12 +98,12 @@ def _blockwise_sliding_window(
     Token i sits at position start + i (for the bias). `forward_block`: the fast path's forward blocks."""
     batch, heads, length, dim = q.shape
     block = min(block, length)
+    left, right = _band_extent(window, causal, length)
     if use_fast_kernels() and fast_band.applies(q, key_padding_mask, dropout_p, bias):
-        extent = _band_extent(window, causal, length)
+        extent = (left, right)
         return fast_band.chunked_band(q, k, v, band, window, causal, extent, block, forward_block, bias, start)
     n_blocks = -(-length // block)
     padded = n_blocks * block
-    left, right = _band_extent(window, causal, length)
     keys = blocked_windows(k, left, right, block, n_blocks)  # (B * nb, G, K, D)
     values = blocked_windows(v, left, right, block, n_blocks)
     block_bias = None

@@ -40,11 +40,7 @@ Band = Callable[[torch.Tensor, torch.Tensor, int, bool], torch.Tensor]
 def applies(q: torch.Tensor, key_padding_mask, dropout_p: float, bias: ScoreBias | None) -> bool:
     """The chunked path: CPU, no key padding (the chunks are the same for every batch row), and the fused
     kernel's own conditions (no dropout, no learned bias)."""
-    return (
-        key_padding_mask is None
-        and q.device.type == "cpu"
-        and fused_kernel_applies(q, dropout_p, _requires_grad(bias, q.device))
-    )
+    return key_padding_mask is None and fused_kernel_applies(q, dropout_p, _requires_grad(bias, q.device))
 
 
 def chunked_band(
