@@ -72,6 +72,7 @@ def test_sdpa_backend_matches_the_masked_reference(variant: str, causal: bool) -
         torch.testing.assert_close(grad, reference, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.no_fast_path
 @pytest.mark.parametrize("variant", sorted(PATTERNS))
 @pytest.mark.parametrize(("causal", "padded"), [(True, False), (True, True), (False, True)])
 def test_flex_backend_matches_the_masked_reference_on_cpu(variant, causal, padded, eager_flex) -> None:
@@ -85,6 +86,7 @@ def test_flex_backend_matches_the_masked_reference_on_cpu(variant, causal, padde
         assert len(kernel._flex_masks) == 1
 
 
+@pytest.mark.no_fast_path
 def test_each_backend_runs_its_own_path(monkeypatch, eager_flex) -> None:
     """The option is obeyed: auto on the CPU and blockwise run the blockwise kernels, sdpa the dense mask, flex
     flex_attention (a config that ignored backend would run one path for all)."""
@@ -114,6 +116,7 @@ def test_each_backend_runs_its_own_path(monkeypatch, eager_flex) -> None:
             assert (ran + ["flex"] * len(eager_flex)) == [path], (variant, backend, ran)
 
 
+@pytest.mark.no_fast_path
 def test_backend_errors_name_the_choices() -> None:
     one_line_error(lambda: AttentionConfig(backend="triton"), "backend", "'triton'", "auto, blockwise, flex, sdpa")
     one_line_error(lambda: AttentionConfig(variant="linear", backend="flex"), "'flex'", "'linear'", "auto")

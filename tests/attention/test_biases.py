@@ -13,6 +13,7 @@ from zoo.attention.biases import build_position_bias, relative_position_bucket
 from .helpers import banded_mask, random_padding, reference_softmax_attention
 
 
+@pytest.mark.no_fast_path
 @pytest.mark.parametrize("num_heads", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 32])
 def test_alibi_slopes_and_bias_equal_bloom(num_heads: int) -> None:
     pytest.importorskip("transformers")
