@@ -19,7 +19,7 @@ _ENV = "ZOO_FAST_KERNELS"
 
 
 def _from_env() -> bool:
-    return os.environ.get(_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return os.environ.get(_ENV, "1").strip() != "0"
 
 
 _enabled = _from_env()
