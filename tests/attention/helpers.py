@@ -117,10 +117,11 @@ class LargestTensor(TorchDispatchMode):
 def use_blockwise_path(monkeypatch, fused: bool) -> None:
     """Make the pattern kernels (sparse, axial) take their blockwise path at every length, fused (the
     CPU flash kernel) or explicit (the formula under autograd)."""
-    from zoo.attention import blockwise
+    from zoo.attention import pattern
+    from zoo.attention.fast import blocks
 
-    monkeypatch.setattr(blockwise, "DENSE_MAX_LENGTH", 0)
-    monkeypatch.setattr(blockwise, "fused_kernel_applies", lambda *args: fused)
+    monkeypatch.setattr(pattern, "DENSE_MAX_LENGTH", 0)
+    monkeypatch.setattr(blocks, "fused_kernel_applies", lambda *args: fused)
 
 
 def assert_kernel_matches_masked_attention(kernel, allowed: torch.Tensor, causal: bool, padded: bool, seed: int):

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from zoo.attention import AttentionConfig, MultiHeadAttention, TokenLayout
-from zoo.attention import blockwise as blockwise_module
 from zoo.attention import flex as flex_module
 from zoo.attention import functional as functional_module
 from zoo.attention import local as local_module
+from zoo.attention import pattern as pattern_module
+from zoo.attention.fast import sdpa as fast_sdpa
 
 from .helpers import axial_mask, banded_mask, random_padding, reference_softmax_attention, sparse_mask
 from .test_errors_and_config import one_line_error
@@ -71,6 +72,7 @@ def test_sdpa_backend_matches_the_masked_reference(variant: str, causal: bool) -
         torch.testing.assert_close(grad, reference, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.no_fast_path
 @pytest.mark.parametrize("variant", sorted(PATTERNS))
 @pytest.mark.parametrize(("causal", "padded"), [(True, False), (True, True), (False, True)])
 def test_flex_backend_matches_the_masked_reference_on_cpu(variant, causal, padded, eager_flex) -> None:
@@ -84,6 +86,7 @@ def test_flex_backend_matches_the_masked_reference_on_cpu(variant, causal, padde
         assert len(kernel._flex_masks) == 1
 
 
+@pytest.mark.no_fast_path
 def test_each_backend_runs_its_own_path(monkeypatch, eager_flex) -> None:
     """The option is obeyed: auto on the CPU and blockwise run the blockwise kernels, sdpa the dense mask, flex
     flex_attention (a config that ignored backend would run one path for all)."""
@@ -99,9 +102,9 @@ def test_each_backend_runs_its_own_path(monkeypatch, eager_flex) -> None:
         monkeypatch.setattr(module, function, wrapper)
 
     spy("blockwise", local_module, "_blockwise_sliding_window")
-    spy("blockwise", blockwise_module, "union_attention")
+    spy("blockwise", pattern_module, "union_attention")
     spy("sdpa", local_module, "masked_attention")
-    spy("sdpa", blockwise_module, "masked_attention")
+    spy("sdpa", pattern_module, "masked_attention")
     x = torch.randn(1, 264, 32)  # past blockwise.DENSE_MAX_LENGTH: the pattern kernels' blockwise path runs
     for variant, (options, _) in PATTERNS.items():
         for backend, path in (("auto", "blockwise"), ("blockwise", "blockwise"), ("sdpa", "sdpa"), ("flex", "flex")):
@@ -113,6 +116,7 @@ def test_each_backend_runs_its_own_path(monkeypatch, eager_flex) -> None:
             assert (ran + ["flex"] * len(eager_flex)) == [path], (variant, backend, ran)
 
 
+@pytest.mark.no_fast_path
 def test_backend_errors_name_the_choices() -> None:
     one_line_error(lambda: AttentionConfig(backend="triton"), "backend", "'triton'", "auto, blockwise, flex, sdpa")
     one_line_error(lambda: AttentionConfig(variant="linear", backend="flex"), "'flex'", "'linear'", "auto")
@@ -134,11 +138,12 @@ def test_full_attention_calls_sdpa_without_a_mask_when_is_causal_suffices(monkey
         return original(*args, **kwargs)
 
     monkeypatch.setattr(functional_module.F, "scaled_dot_product_attention", spy)
-    long_enough = functional_module.COMPOSITE_MAX_KEYS + 16  # shorter sequences take the composite on the CPU
+    long_enough = fast_sdpa.COMPOSITE_MAX_KEYS + 16  # shorter sequences take the composite on the CPU
     MultiHeadAttention(32, 4, causal=True)(torch.randn(2, long_enough, 32))
     assert seen == [(None, True)]
 
 
+@pytest.mark.fast_path
 @pytest.mark.parametrize("position_bias", ["alibi", "t5"])
 def test_a_position_bias_reaches_the_cpu_kernel_as_a_mask_of_the_queries_rank(monkeypatch, position_bias) -> None:
     """A bias (H, T, S) handed to the fused CPU kernel as is takes it off its fast path (fwd+bwd 3-4x slower at
@@ -146,7 +151,7 @@ def test_a_position_bias_reaches_the_cpu_kernel_as_a_mask_of_the_queries_rank(mo
     the formula. ALiBi's goes to SDPA, T5's (learned) to _LearnedBiasAttention."""
     ranks = []
     fused = functional_module.F.scaled_dot_product_attention
-    learned = functional_module._LearnedBiasAttention.apply
+    learned = fast_sdpa._LearnedBiasAttention.apply
 
     def spy(q, k, v, **kwargs):
         ranks.append(("sdpa", q.dim(), kwargs["attn_mask"].dim()))
@@ -157,10 +162,10 @@ def test_a_position_bias_reaches_the_cpu_kernel_as_a_mask_of_the_queries_rank(mo
         return learned(q, k, v, mask, scale)
 
     monkeypatch.setattr(functional_module.F, "scaled_dot_product_attention", spy)
-    monkeypatch.setattr(functional_module._LearnedBiasAttention, "apply", spy_learned)
+    monkeypatch.setattr(fast_sdpa._LearnedBiasAttention, "apply", spy_learned)
     torch.manual_seed(0)
     module = MultiHeadAttention(32, 4, position_bias=position_bias)
-    x = torch.randn(2, functional_module.COMPOSITE_MAX_KEYS + 16, 32)
+    x = torch.randn(2, fast_sdpa.COMPOSITE_MAX_KEYS + 16, 32)
     out = module(x)
     assert ranks == [("learned" if position_bias == "t5" else "sdpa", 4, 4)]
     reference, _ = module(x, need_weights=True)  # the O(n^2) formula, not the fused kernel
@@ -171,6 +176,7 @@ def test_a_position_bias_reaches_the_cpu_kernel_as_a_mask_of_the_queries_rank(mo
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.fast_path
 @pytest.mark.parametrize("mask_shape", [(4, 80, 80), (2, 4, 80, 80), (2, 1, 1, 80), (80, 80)])
 @pytest.mark.parametrize(("kv_heads", "dtype"), [(4, torch.float32), (2, torch.float32), (4, torch.bfloat16)])
 def test_a_mask_that_takes_a_gradient_keeps_the_fused_forward_and_equals_the_formula(

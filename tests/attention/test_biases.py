@@ -13,6 +13,7 @@ from zoo.attention.biases import build_position_bias, relative_position_bucket
 from .helpers import banded_mask, random_padding, reference_softmax_attention
 
 
+@pytest.mark.no_fast_path
 @pytest.mark.parametrize("num_heads", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 32])
 def test_alibi_slopes_and_bias_equal_bloom(num_heads: int) -> None:
     pytest.importorskip("transformers")
@@ -233,15 +234,15 @@ def test_pattern_kernels_with_a_bias_and_grouped_heads_equal_the_masked_formula(
 def test_a_learned_bias_trains_through_the_blockwise_path_as_through_the_dense_one(variant: dict, monkeypatch) -> None:
     """In training T5's table needs its gradient, which the fused kernel does not give: the pattern kernels then
     take the explicit blockwise path by themselves, and every gradient equals the dense path's."""
-    from zoo.attention import blockwise
+    from zoo.attention import pattern
 
     torch.manual_seed(0)
     module = MultiHeadAttention(32, 4, causal=True, position_bias="t5", num_buckets=8, max_distance=20, **variant)
     torch.nn.init.normal_(module.position_bias.relative_attention_bias.weight)
     x = torch.randn(2, 30, 32)
     grads = []
-    for dense_max_length in (blockwise.DENSE_MAX_LENGTH, 0):
-        monkeypatch.setattr(blockwise, "DENSE_MAX_LENGTH", dense_max_length)
+    for dense_max_length in (pattern.DENSE_MAX_LENGTH, 0):
+        monkeypatch.setattr(pattern, "DENSE_MAX_LENGTH", dense_max_length)
         module.zero_grad()
         module(x).square().sum().backward()
         grads.append({name: p.grad.clone() for name, p in module.named_parameters()})

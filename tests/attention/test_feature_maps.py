@@ -27,6 +27,7 @@ def textbook_favor(x: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
     return torch.exp(x @ projection.T - (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(projection.shape[0])
 
 
+@pytest.mark.no_fast_path
 @pytest.mark.parametrize("causal", [False, True])
 def test_favor_estimate_of_softmax_attention_improves_with_more_features(causal: bool) -> None:
     """Mean absolute error of the output against softmax attention (these inputs, mean over 4 seeds of the
@@ -81,6 +82,7 @@ def test_prefix_sum_form_equals_quadratic_form(feature_map: str, causal: bool, p
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.no_fast_path
 def test_favor_features_are_positive_orthogonal_and_gaussian_sized() -> None:
     torch.manual_seed(0)
     projection = orthogonal_random_features(40, 16)
@@ -94,6 +96,7 @@ def test_favor_features_are_positive_orthogonal_and_gaussian_sized() -> None:
     assert (kernel._phi(torch.randn(3, 16), False) > 0).all() and (kernel._phi(torch.randn(3, 16), True) > 0).all()
 
 
+@pytest.mark.no_fast_path
 def test_favor_features_are_redrawn_on_schedule_in_training_and_saved_in_checkpoints() -> None:
     torch.manual_seed(0)
     module = MultiHeadAttention(32, 2, variant="linear", feature_map="favor", num_features=8, redraw_interval=2)

@@ -94,11 +94,13 @@ def test_fully_padded_query_rows_give_zeros_and_finite_gradients() -> None:
     assert torch.isfinite(x.grad).all()
 
 
+@pytest.mark.fast_path
 @pytest.mark.parametrize("masked", [False, True], ids=["is_causal", "float-mask"])
 def test_low_precision_training_on_cpu_attends_in_fp32(masked: bool) -> None:
     """bf16 q, k, v that need gradients go through fp32 SDPA (the CPU's bf16 backward is several times slower):
     the output and gradients are fp32 SDPA's on the same numbers, returned in bf16; without gradients bf16 stays."""
-    from zoo.attention.functional import COMPOSITE_MAX_KEYS, sdpa
+    from zoo.attention.fast.sdpa import COMPOSITE_MAX_KEYS
+    from zoo.attention.functional import sdpa
 
     n = COMPOSITE_MAX_KEYS + 16  # the fused kernel's path (shorter sequences take the composite)
     generator = torch.Generator().manual_seed(3)
@@ -142,6 +144,7 @@ def _composite_cases() -> dict[str, tuple[tuple[int, int, int], dict]]:
     }
 
 
+@pytest.mark.fast_path
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("case", list(_composite_cases()))
 def test_short_sequences_take_the_composite_and_match_fused_sdpa(case: str, dtype: torch.dtype, monkeypatch) -> None:
@@ -171,16 +174,18 @@ def test_short_sequences_take_the_composite_and_match_fused_sdpa(case: str, dtyp
         torch.testing.assert_close(mine.grad, theirs.grad.to(dtype), **tolerance)
 
 
+@pytest.mark.fast_path
 def test_longer_sequences_attention_dropout_and_inference_keep_the_fused_kernel(monkeypatch) -> None:
     """Inference too: the fused kernel's bf16 forward beats the composite in fp32 (recipes.md)."""
     from zoo.attention import functional
+    from zoo.attention.fast import sdpa as fast_sdpa
 
     calls = []
     fused = functional.F.scaled_dot_product_attention
     monkeypatch.setattr(
         functional.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(kw) or fused(*a, **kw)
     )
-    short, long = (torch.randn(1, 2, n, 8) for n in (functional.COMPOSITE_MAX_KEYS, functional.COMPOSITE_MAX_KEYS + 1))
+    short, long = (torch.randn(1, 2, n, 8) for n in (fast_sdpa.COMPOSITE_MAX_KEYS, fast_sdpa.COMPOSITE_MAX_KEYS + 1))
     short_grad, long_grad = short.clone().requires_grad_(), long.clone().requires_grad_()
     functional.sdpa(short_grad, short_grad, short_grad)
     assert calls == []

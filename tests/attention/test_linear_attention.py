@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from zoo.attention import LinearAttention, MultiHeadAttention
+from zoo.attention.fast import linear as fast_linear
 from zoo.attention.feature_maps import elu_feature_map
 from zoo.attention.linear import DEFAULT_CHUNK_SIZE, causal_linear_attention, exclusive_prefix_sum
 
@@ -112,6 +113,7 @@ def test_feature_map_keeps_the_precision_of_each_dtype(dtype: torch.dtype) -> No
 @pytest.mark.parametrize(
     ("length", "chunk", "segment", "head_dim"), [(100, 8, 32, 8), (97, 16, 20, 8), (130, 4, 64, 32)]
 )
+@pytest.mark.fast_path
 def test_causal_segments_carry_the_state_exactly(
     feature_map: str, length: int, chunk: int, segment: int, head_dim: int, monkeypatch
 ) -> None:
@@ -128,7 +130,7 @@ def test_causal_segments_carry_the_state_exactly(
     kernel.setup_heads(HeadLayout(num_heads=2, kv_heads=2, head_dim=head_dim))
     kernel.eval()
     expected, _ = kernel(q, k, v, causal=True, key_padding_mask=padding)  # one segment: SEGMENT_LENGTH > length
-    monkeypatch.setattr(linear_module, "SEGMENT_LENGTH", segment)
+    monkeypatch.setattr(fast_linear, "SEGMENT_LENGTH", segment)
     calls = []
     original = linear_module.causal_linear_attention
     monkeypatch.setattr(
@@ -163,15 +165,15 @@ def test_exclusive_prefix_sum_starts_from_initial_in_value_and_gradient(width: i
         torch.testing.assert_close(have, want)
 
 
+@pytest.mark.fast_path
 def test_long_inference_reuses_one_workspace_across_segments(monkeypatch) -> None:
     """Without autograd the segments of a long sequence share their scratch tensors (each fresh large tensor costs
     page faults on the CPU): one buffer per role for all four segments, and the same numbers as with autograd."""
-    from zoo.attention import linear as linear_module
     from zoo.attention.contract import HeadLayout
 
-    monkeypatch.setattr(linear_module, "SEGMENT_LENGTH", 32)
+    monkeypatch.setattr(fast_linear, "SEGMENT_LENGTH", 32)
     seen: dict[str, set[int]] = {}
-    original = linear_module._scratch
+    original = fast_linear.scratch
 
     def spy(workspace, name, shape, like):
         buffer = original(workspace, name, shape, like)
@@ -179,7 +181,7 @@ def test_long_inference_reuses_one_workspace_across_segments(monkeypatch) -> Non
             seen.setdefault(name, set()).add(buffer.data_ptr())
         return buffer
 
-    monkeypatch.setattr(linear_module, "_scratch", spy)
+    monkeypatch.setattr(fast_linear, "scratch", spy)
     kernel = LinearAttention(chunk_size=8)
     kernel.setup_heads(HeadLayout(num_heads=2, kv_heads=2, head_dim=32))
     q, k, v = (torch.randn(1, 2, 128, 32, generator=torch.Generator().manual_seed(i)) for i in range(3))

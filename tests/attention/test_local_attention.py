@@ -9,6 +9,7 @@ from zoo.attention import MultiHeadAttention, sliding_window_attention
 from zoo.attention import local as local_module
 from zoo.attention.biases import ALiBi
 from zoo.attention.blockwise import DENSE_MAX_LENGTH
+from zoo.attention.fast import band as fast_band
 
 from .helpers import LargestTensor, banded_mask, random_padding, reference_softmax_attention
 
@@ -109,13 +110,14 @@ def test_short_sequences_take_one_dense_call_and_longer_ones_the_blocks(causal: 
     assert ran == [DENSE_MAX_LENGTH + 1]
 
 
+@pytest.mark.fast_path
 @pytest.mark.parametrize(("chunk_size", "blocks"), [(None, (32, 64)), (8, (8, 8))])
 def test_chunk_size_sets_the_blocks_of_the_chunked_path(chunk_size, blocks, monkeypatch) -> None:
     """attention.chunk_size is the query block of the forward and the backward; null leaves the measured
     defaults (FORWARD_BLOCK_SIZE forward, DEFAULT_BLOCK_SIZE backward)."""
     seen = []
-    apply = local_module._ChunkedBand.apply
-    monkeypatch.setattr(local_module._ChunkedBand, "apply", lambda *args: seen.append(args[-1]) or apply(*args))
+    apply = fast_band._ChunkedBand.apply
+    monkeypatch.setattr(fast_band._ChunkedBand, "apply", lambda *args: seen.append(args[-1]) or apply(*args))
     module = MultiHeadAttention(16, 2, variant="local", window=64, causal=True, chunk_size=chunk_size)
     module(torch.randn(1, 300, 16)).sum().backward()
     assert seen == [blocks]
@@ -144,14 +146,16 @@ def test_chunked_band_matches_masked_attention_across_chunks(
     kv_heads: int,
     causal: bool,
     monkeypatch,
+    fast_kernels: bool,
 ) -> None:
-    """The CPU path without padding or dropout (`_ChunkedBand`: a chunk of query blocks per fused call, the key
+    """The CPU fast path without padding or dropout (`_ChunkedBand`: a chunk of query blocks per fused call, the key
     windows rebuilt in the backward; chunks of 32 queries, or of one block as the default backward's) equals the
-    formula, outputs and gradients, with a bias and grouped heads."""
-    monkeypatch.setattr(local_module, "CHUNK_QUERIES", block if one_block else 32)
+    formula, outputs and gradients, with a bias and grouped heads; so does the reference path, with the switch
+    off (and then `_ChunkedBand` does not run)."""
+    monkeypatch.setattr(fast_band, "CHUNK_QUERIES", block if one_block else 32)
     calls = []
-    apply = local_module._ChunkedBand.apply
-    monkeypatch.setattr(local_module._ChunkedBand, "apply", lambda *args: calls.append(1) or apply(*args))
+    apply = fast_band._ChunkedBand.apply
+    monkeypatch.setattr(fast_band._ChunkedBand, "apply", lambda *args: calls.append(1) or apply(*args))
     generator = torch.Generator().manual_seed(length + window)
     q = torch.randn(batch, 4, length, 8, generator=generator, requires_grad=True)
     k, v = (torch.randn(batch, kv_heads, length, 8, generator=generator, requires_grad=True) for _ in range(2))
@@ -162,7 +166,7 @@ def test_chunked_band_matches_masked_attention_across_chunks(
         dense_bias = bias(positions, positions)
     out, _ = sliding_window_attention(q, k, v, window, causal=causal, block_size=block, bias=bias)
     expected = reference_softmax_attention(q, k, v, banded_mask(length, window, causal)[None, None], dense_bias)
-    assert calls, "the chunked path did not run"
+    assert bool(calls) == fast_kernels, "the chunked path runs exactly when the switch is on"
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     grad = torch.randn(out.shape, generator=generator)
     for got, want in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
@@ -171,23 +175,23 @@ def test_chunked_band_matches_masked_attention_across_chunks(
 
 @pytest.mark.parametrize(("length", "window", "causal"), [(131, 16, True), (97, 33, False), (300, 100, True)])
 def test_chunked_band_forward_and_backward_may_block_the_queries_differently(
-    length: int, window: int, causal: bool, monkeypatch
+    length: int, window: int, causal: bool, monkeypatch, fast_kernels: bool
 ) -> None:
     """With block_size=None the forward blocks the queries by FORWARD_BLOCK_SIZE and the backward by
     DEFAULT_BLOCK_SIZE (given each query's log-sum-exp; the backward's padded query slots get +inf): outputs and
     gradients still equal the formula, the lengths not multiples of either block."""
-    monkeypatch.setattr(local_module, "FORWARD_BLOCK_SIZE", 8)
+    monkeypatch.setattr(fast_band, "FORWARD_BLOCK_SIZE", 8)
     monkeypatch.setattr(local_module, "DEFAULT_BLOCK_SIZE", 16)
-    monkeypatch.setattr(local_module, "FORWARD_CHUNK_QUERIES", 40)  # 5 forward blocks per chunk
-    monkeypatch.setattr(local_module, "CHUNK_QUERIES", 32)
+    monkeypatch.setattr(fast_band, "FORWARD_CHUNK_QUERIES", 40)  # 5 forward blocks per chunk
+    monkeypatch.setattr(fast_band, "CHUNK_QUERIES", 32)
     blocks = []
-    apply = local_module._ChunkedBand.apply
-    monkeypatch.setattr(local_module._ChunkedBand, "apply", lambda *args: blocks.append(args[-1]) or apply(*args))
+    apply = fast_band._ChunkedBand.apply
+    monkeypatch.setattr(fast_band._ChunkedBand, "apply", lambda *args: blocks.append(args[-1]) or apply(*args))
     generator = torch.Generator().manual_seed(length)
     q, k, v = (torch.randn(2, 2, length, 8, generator=generator, requires_grad=True) for _ in range(3))
     out, _ = sliding_window_attention(q, k, v, window, causal=causal)
     expected = reference_softmax_attention(q, k, v, banded_mask(length, window, causal)[None, None])
-    assert blocks == [(8, 16)]
+    assert blocks == ([(8, 16)] if fast_kernels else [])
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     grad = torch.randn(out.shape, generator=generator)
     for got, want in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
@@ -195,6 +199,7 @@ def test_chunked_band_forward_and_backward_may_block_the_queries_differently(
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.fast_path
 def test_chunked_band_holds_no_tensor_of_every_window() -> None:
     """Forward and backward hold nothing larger than one (n, D) input or one chunk's mask: the blocks' key
     windows ((n / block) x (block + window) keys, twice the keys here) and their masks exist a chunk at a time,
@@ -204,7 +209,7 @@ def test_chunked_band_holds_no_tensor_of_every_window() -> None:
     with LargestTensor() as spy:
         out, _ = sliding_window_attention(q, k, v, window, causal=True)
         out.sum().backward()
-    chunk_mask = local_module.CHUNK_QUERIES * (local_module.DEFAULT_BLOCK_SIZE + window)
+    chunk_mask = fast_band.CHUNK_QUERIES * (local_module.DEFAULT_BLOCK_SIZE + window)
     assert spy.largest <= max(length * dim, chunk_mask), spy.largest
 
 

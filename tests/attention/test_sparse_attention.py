@@ -26,7 +26,7 @@ CASES = [  # (pattern, length, stride, summary): n a multiple of the stride or n
     ("strided", 37, 64, None),
     ("strided", 45, 1, None),
     ("strided", 70, 5, None),
-    ("strided", 150, 64, None),  # band windows of whole query blocks (blockwise._BlockWindows)
+    ("strided", 150, 64, None),  # band windows of whole query blocks (fast.blocks._BlockWindows)
     ("fixed", 50, 7, 2),
     ("fixed", 64, 8, 1),
     ("fixed", 37, 64, 3),

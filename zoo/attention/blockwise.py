@@ -1,4 +1,4 @@
-"""Blockwise attention over a union of key groups: the machinery of the pattern kernels (sparse, axial).
+"""Blockwise attention over a union of key groups: the machinery of the pattern kernels (zoo/attention/pattern.py).
 
 A sparse pattern is written as a few *parts*. A part arranges the queries in blocks (consecutive `Rows`, or
 the `Columns` of the sequence folded into rows) and gives each block a few keys, gathered once, with a
@@ -10,11 +10,9 @@ parts' results through their log-sum-exps is exactly one softmax over the union 
 (the merge of blockwise attention, Rabe & Staats 2021, and of flash attention's tiles, Dao et al. 2022).
 No (n, n) tensor is made: each part costs (queries x keys of its blocks).
 
-On the CPU every part runs PyTorch's fused flash kernel, which also returns the log-sum-exp; the backward
-pass hands the merged output and log-sum-exp to the kernel's own backward, which then yields the gradients
-of the one joint softmax (as ring attention does). With attention dropout, a learned score bias or on other
-devices each part is the explicit formula under autograd instead; both paths are checked against the masked
-O(n^2) formula in tests/attention/.
+Each part is the explicit formula under autograd (`_explicit_part`). On the CPU without attention dropout or a
+learned score bias, the fast path (zoo/attention/fast/blocks.py) runs every part through PyTorch's fused flash
+kernel instead; both paths are checked against the masked O(n^2) formula in tests/attention/.
 
 Positions are absolute token indices. A part knows the position of every query slot and key it holds (-1:
 no key there), so masks, key padding and an additive score bias are all functions of positions: a bias
@@ -27,21 +25,19 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from zoo.attention.cache import KVCache, new_tokens_padding
-from zoo.attention.contract import Kernel, ScoreBias, TokenLayout
-from zoo.attention.flex import flex_pattern_attention, resolve_backend
-from zoo.attention.functional import masked_attention, repeat_kv, softmax_attention
+from zoo.attention.contract import ScoreBias
+from zoo.attention.fast import blocks as fast_blocks
+from zoo.attention.fast import use_fast_kernels
 
-PARTS_CACHE_SIZE = 8  # lengths whose parts (and masks) a kernel keeps
 # Sequences up to this length run as one fused SDPA call under the dense (n, n) mask (256 KiB of float mask
-# per batch row): below it the parts' fixed cost per call exceeds the work they save (experiments/results/
-# recipes.md).
+# per batch row): below it the parts' fixed cost per call exceeds the work they save (re-measure with
+# `experiments/attention_benchmark.py --rows sparse axial --lengths 128 256 512`; figures in recipes.md).
 DENSE_MAX_LENGTH = 256
 
 
@@ -53,30 +49,9 @@ def blocked_windows(x: torch.Tensor, left: int, right: int, block: int, n_blocks
     position b * block - left + j; a window may reach past its own sequence, so callers mask positions
     outside [0, n).
     """
-    if left % block == 0 and right % block == 0 and torch.is_grad_enabled() and x.requires_grad:
-        return _BlockWindows.apply(x, left, right, block, n_blocks)
+    if use_fast_kernels() and left % block == 0 and right % block == 0 and torch.is_grad_enabled() and x.requires_grad:
+        return fast_blocks.block_windows(x, left, right, block, n_blocks, _windows)
     return _windows(x, left, right, block, n_blocks)
-
-
-class _BlockWindows(torch.autograd.Function):
-    """blocked_windows whose backward adds the gradient of each window back block by block (the windows are
-    whole blocks here): a few shifted additions instead of autograd's general unfold backward. Entries of a
-    window outside its own sequence (always masked keys) pass no gradient on."""
-
-    @staticmethod
-    def forward(ctx, x, left, right, block, n_blocks):
-        ctx.shape, ctx.sizes = x.shape, (left // block, right // block, block, n_blocks)
-        return _windows(x, left, right, block, n_blocks)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (batch, heads, length, dim), (before, after, block, n_blocks) = ctx.shape, ctx.sizes
-        pieces = grad.view(batch, n_blocks, heads, before + 1 + after, block, dim)
-        total = grad.new_zeros(batch, before + n_blocks + after, heads, block, dim)
-        for piece in range(before + 1 + after):  # piece j of block b's window is block b - before + j
-            total[:, piece : piece + n_blocks] += pieces[:, :, :, piece]
-        total = total[:, before : before + n_blocks].permute(0, 2, 1, 3, 4).reshape(batch, heads, -1, dim)
-        return total[:, :, :length], None, None, None, None
 
 
 def _windows(x: torch.Tensor, left: int, right: int, block: int, n_blocks: int) -> torch.Tensor:
@@ -252,53 +227,6 @@ def _merge(
     return out, lse.masked_fill(~any_key, 0.0)
 
 
-class _FusedUnion(torch.autograd.Function):
-    """The parts through the fused CPU flash kernel, merged; backward through the kernel's own backward,
-    given the merged output and log-sum-exp (so each part's gradients are those of the joint softmax)."""
-
-    @staticmethod
-    def forward(ctx, layouts, masks, has_keys, shape, *tensors):
-        count = len(layouts)
-        queries, keys, values = tensors[:count], tensors[count : 2 * count], tensors[2 * count :]
-        outs, lses = [], []
-        for q, k, v, mask, has_key in zip(queries, keys, values, masks, has_keys):
-            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask)
-            outs.append(out)
-            lses.append(lse.masked_fill(~has_key, float("-inf")))
-        out, lse = _merge(layouts, outs, lses, shape)
-        ctx.layouts, ctx.masks = layouts, masks
-        ctx.save_for_backward(*tensors, out, lse)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        *tensors, out, lse = ctx.saved_tensors
-        layouts = ctx.layouts
-        count = len(layouts)
-        grad_out, out = grad_out.transpose(1, 2), out.transpose(1, 2)  # (B, H, n, D)
-        grads = [None] * (3 * count)
-        for index, (layout, mask) in enumerate(zip(layouts, ctx.masks)):
-            q, k, v = tensors[index], tensors[count + index], tensors[2 * count + index]
-            grad_q, grad_k, grad_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                layout.gather(grad_out).contiguous(), q, k, v, layout.gather(out).contiguous(),
-                layout.gather(lse).contiguous(), 0.0, False, attn_mask=mask,
-            )  # fmt: skip
-            grads[index], grads[count + index], grads[2 * count + index] = grad_q, grad_k, grad_v
-        return None, None, None, None, *grads
-
-
-def fused_kernel_applies(q: torch.Tensor, dropout_p: float, score_bias_requires_grad: bool) -> bool:
-    """The fused path: CPU, no attention dropout, no learned bias (the kernel gives no bias gradient), and a
-    PyTorch that has the CPU flash kernel's log-sum-exp entry point."""
-    return (
-        q.device.type == "cpu"
-        and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
-        and dropout_p == 0.0
-        and not score_bias_requires_grad
-        and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
-    )
-
-
 def union_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -313,140 +241,21 @@ def union_attention(
     """One softmax over the union of the parts' keys: q, k, v (B, H, n, D) -> (B, H, n, D).
 
     key_padding_mask (B, n) bool, True = padding; queries with no key at all output zeros. `fused`: None
-    picks the fused CPU path where it applies (see `fused_kernel_applies`). The output is a (B, H, n, D)
-    view of (B, n, H, D) memory, the layout the output projection wants.
+    picks the fast path (zoo/attention/fast/blocks.py) where it applies and the switch is on. The output is a
+    (B, H, n, D) view of (B, n, H, D) memory, the layout the output projection wants.
     """
     batch = q.shape[0]
     masks, has_keys = zip(*(_part_masks(part, batch, key_padding_mask, score_bias, q.dtype) for part in parts))
     if fused is None:
-        fused = fused_kernel_applies(q, dropout_p, any(mask.requires_grad for mask in masks))
+        learned = any(mask.requires_grad for mask in masks)
+        fused = use_fast_kernels() and fast_blocks.fused_kernel_applies(q, dropout_p, learned)
     layouts = [part.layout for part in parts]
     queries = [part.layout.gather(q) for part in parts]
     keys = [part.gather(k) for part in parts]
     values = [part.gather(v) for part in parts]
     if fused:
-        out = _FusedUnion.apply(layouts, masks, has_keys, q.shape, *queries, *keys, *values)
+        out = fast_blocks.fused_union(_merge, layouts, masks, has_keys, q.shape, queries, keys, values)
     else:
         results = [_explicit_part(*inputs, dropout_p) for inputs in zip(queries, keys, values, masks, has_keys)]
         out, _ = _merge(layouts, [o for o, _ in results], [lse for _, lse in results], q.shape)
     return out.transpose(1, 2)
-
-
-def _biased_dense_attention(q, k, v, allowed, bias, dropout_p, need_weights):
-    """softmax(q k^T / sqrt(d) + bias) v under the bool mask `allowed`, by the formula; rows without keys
-    output zeros."""
-    empty = ~allowed.any(dim=-1, keepdim=True)
-    out, probs = softmax_attention(q, k, v, bias.masked_fill(~(allowed | empty), float("-inf")), dropout_p)
-    return out.masked_fill(empty, 0.0), probs.masked_fill(empty, 0.0) if need_weights else None
-
-
-class PatternKernel(Kernel):
-    """A kernel defined by a boolean pattern over (query position, key position), computed as parts.
-
-    Subclasses give `allowed` (the pattern, for any broadcastable positions) and `parts` (the same pattern
-    as disjoint blockwise parts). This class adds the rest of the contract: the dense path for
-    need_weights and short sequences, decoding with a KVCache (a new chunk attends under the pattern's
-    rows), a position bias (the contract's `bias`, ALiBi or T5) on both paths, and grouped key/value heads
-    (kept grouped in the cache, expanded where the parts compute). Backends (attention.backend): blockwise
-    (the parts; the CPU's auto), flex (the pattern as a FlexAttention block mask; CUDA's auto), sdpa (the
-    dense path).
-    """
-
-    supports_cross_attention = False
-    supports_position_bias = True
-    backends = ("blockwise", "flex", "sdpa")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._parts: dict = {}  # (length, causal, device, inference mode) -> parts; see cached_parts
-
-    def setup(self, layout: TokenLayout) -> None:
-        super().setup(layout)
-        self._parts.clear()  # parts (and block masks) follow the options that setup resolves
-        self._flex_masks.clear()
-
-    def __getstate__(self) -> dict:
-        return {**super().__getstate__(), "_parts": {}}  # a pickled kernel (spawned workers) rebuilds them
-
-    def allowed(self, query_positions: torch.Tensor, key_positions: torch.Tensor, causal: bool) -> torch.Tensor:
-        raise NotImplementedError
-
-    def parts(self, length: int, causal: bool) -> list[Part]:
-        """The pattern for `length` tokens as disjoint parts (CPU tensors)."""
-        raise NotImplementedError
-
-    def cached_parts(self, length: int, causal: bool, device: torch.device) -> list[Part]:
-        """`parts` on `device`, kept for the last few lengths (training repeats them)."""
-        key = (length, causal, device, torch.is_inference_mode_enabled())
-        cache = self._parts
-        if key not in cache:
-            if len(cache) >= PARTS_CACHE_SIZE:
-                cache.pop(next(iter(cache)))
-            cache[key] = [
-                replace(part, key_positions=part.key_positions.to(device), allowed=part.allowed.to(device))
-                for part in self.parts(length, causal)
-            ]
-        return cache[key]
-
-    def dense_mask(self, q_len: int, k_len: int, causal: bool, device: torch.device) -> torch.Tensor:
-        """(q_len, k_len) bool: the pattern for queries at the last q_len of k_len positions."""
-        rows = torch.arange(k_len - q_len, k_len, device=device)[:, None]
-        return self.allowed(rows, torch.arange(k_len, device=device)[None, :], causal)
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        causal: bool = False,
-        key_padding_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        backend = resolve_backend(self.name, self.backend, q, k, dropout_p, bias, need_weights)
-        if backend == "flex":
-            pattern = functools.partial(self.allowed, causal=causal)
-            return flex_pattern_attention(q, k, v, pattern, self._flex_masks, (causal,), key_padding_mask), None
-        return self._attend(q, k, v, causal, key_padding_mask, dropout_p, need_weights, bias, backend == "sdpa")
-
-    def _attend(self, q, k, v, causal, key_padding_mask, dropout_p, need_weights, score_bias=None, dense=False):
-        """Queries at the last q_len positions of the keys. need_weights, fewer queries than keys (decoding),
-        sequences up to DENSE_MAX_LENGTH and `dense` (backend sdpa) take the dense (T, S) path."""
-        q_len, k_len = q.shape[2], k.shape[2]
-        groups = q.shape[1] // k.shape[1]
-        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-        if need_weights or q_len != k_len or k_len <= DENSE_MAX_LENGTH or dense:
-            allowed = self.dense_mask(q_len, k_len, causal, q.device)
-            if key_padding_mask is not None:
-                allowed = allowed & ~key_padding_mask.bool()[:, None, None, :]
-            if score_bias is None:
-                return masked_attention(q, k, v, allowed, dropout_p, need_weights)
-            positions = torch.arange(k_len, device=q.device)
-            bias = score_bias(positions[k_len - q_len :], positions)  # (H, T, S)
-            return _biased_dense_attention(q, k, v, allowed, bias, dropout_p, need_weights)
-        parts = self.cached_parts(q_len, causal, q.device)
-        out = union_attention(
-            q, k, v, parts, key_padding_mask=key_padding_mask, dropout_p=dropout_p, score_bias=score_bias
-        )
-        return out, None
-
-    def new_cache(self) -> KVCache:
-        return KVCache()
-
-    def decode(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cache: KVCache,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Causal: new queries (B, H, t, D) attend to the cached keys and themselves under the pattern.
-        The first chunk (a prompt) runs blockwise; later chunks use the pattern's rows, (t, offset + t)."""
-        keys, values = cache.append(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
-        return self._attend(q, keys, values, True, cache.key_padding_mask(), 0.0, need_weights, bias)

@@ -18,53 +18,23 @@ import math
 
 import torch
 
+from zoo.attention.fast import linear as fast_linear
+from zoo.attention.fast import use_fast_kernels
+
 FEATURE_MAPS = ("elu", "relu", "favor")
-LOG2_E = 1.0 / math.log(2.0)
-
-
-def _elu_plus_one(x: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
-    """elu(x) + 1 written into `out` (contiguous, x's shape), `scratch` (the same) holding the negative part; a
-    fresh tensor for it without one."""
-    y = out.copy_(x)
-    negative_part = y.clamp(max=0.0) if scratch is None else torch.clamp(y, max=0.0, out=scratch)
-    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
-        # exp(x) = 2^(x log2 e): torch's vectorised exp2 is ~2x its exp on the CPU (elu map 1.11 -> 0.64
-        # ms per 512k floats, 1 thread), at most 9e-7 relative error in fp32 (bf16 would round x log2 e).
-        negative_part.mul_(LOG2_E).exp2_()
-    else:
-        negative_part.exp_()
-    return y.clamp_(min=0.0).add_(negative_part)
-
-
-class _EluPlusOne(torch.autograd.Function):
-    """elu(x) + 1 = exp(min(x, 0)) + max(x, 0), and its derivative min(elu(x) + 1, 1): exp(x) below
-    zero, 1 above. Faster than F.elu(x) + 1 in both directions (experiments/results/recipes.md)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        # Contiguous output (x is often a strided view of the fused projection), and as few fresh
-        # allocations as possible: on the CPU each large one costs page faults.
-        y = _elu_plus_one(x, torch.empty(x.shape, dtype=x.dtype, device=x.device))
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        (y,) = ctx.saved_tensors
-        return y.clamp(max=1.0).mul_(grad)
 
 
 def elu_feature_map(
     x: torch.Tensor, out: torch.Tensor | None = None, scratch: torch.Tensor | None = None
 ) -> torch.Tensor:
     """phi(x) = elu(x) + 1 > 0 (Katharopoulos et al. 2020, eq. 7). Without autograd, `out` and `scratch`
-    (contiguous, x's shape) may be given to write into: no fresh allocation (a long sequence's segments reuse
-    them)."""
-    if out is None:
-        return _EluPlusOne.apply(x)
-    if torch.is_grad_enabled() and x.requires_grad:
+    (contiguous, x's shape) may be given to write into (the fast path's long-sequence segments reuse them)."""
+    if out is not None and torch.is_grad_enabled() and x.requires_grad:
         raise ValueError("elu_feature_map writes into `out` only without autograd")
-    return _elu_plus_one(x, out, scratch)
+    if use_fast_kernels():
+        return fast_linear.elu_plus_one(x, out, scratch)
+    y = torch.exp(x.clamp(max=0.0)) + x.clamp(min=0.0)  # elu(x) + 1, without elu's cancellation of exp(x) - 1 + 1
+    return y if out is None else out.copy_(y)
 
 
 def relu_feature_map(x: torch.Tensor) -> torch.Tensor:

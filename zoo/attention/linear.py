@@ -15,6 +15,7 @@ and a width of D + 1 that matmuls handle worse.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -22,6 +23,8 @@ import torch.nn.functional as F
 
 from zoo.attention.cache import LinearAttentionState, new_tokens_padding
 from zoo.attention.contract import HeadLayout, Kernel
+from zoo.attention.fast import linear as fast_linear
+from zoo.attention.fast import use_fast_kernels
 from zoo.attention.feature_maps import (
     FEATURE_MAPS,
     default_num_features,
@@ -37,34 +40,23 @@ EPS = 1e-6  # added to the normaliser, as in the paper's code
 # Tokens per chunk of the causal kernel, chosen by measurement (experiments/results/recipes.md): smaller
 # chunks mean more per-chunk states, larger ones a bigger quadratic part.
 DEFAULT_CHUNK_SIZE = 64
-# Tokens per segment of a long causal sequence: the feature maps and the chunked kernel run a segment at a
-# time, carrying the state [S | z] from one to the next (the recurrence of decoding), so that the working set
-# of each step stays in cache and the time per token does not grow with n. Measured (1 thread, 4 heads of 64):
-# n=32768 forward 289 -> 184 ms, forward+backward 1001 -> 681 ms; 1024 and 4096 no better.
-SEGMENT_LENGTH = 2048
 
 # phi(x, is_query, workspace): queries and keys may be mapped differently (FAVOR+ stabilises queries only);
-# `workspace` (or None): scratch tensors to write into, see `_scratch`.
+# `workspace` (or None): the fast path's scratch tensors to write into (fast/linear.py's `scratch`).
 FeatureMap = Callable[[torch.Tensor, bool, "dict | None"], torch.Tensor]
 
 
-def _scratch(workspace: dict | None, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor | None:
-    """A scratch tensor of `shape` that the segments of one long causal call without autograd reuse (on the CPU
-    every large fresh tensor costs page faults: ~2,000-4,000 per forward at n=8192, 10-20 ms, and the main
-    source of its run-to-run spread); None without a workspace (allocate as usual)."""
-    if workspace is None:
-        return None
-    buffer = workspace.get(name)
-    if buffer is None or buffer.shape != shape or buffer.dtype != like.dtype:
-        buffer = workspace[name] = like.new_empty(shape)
-    return buffer
+def _fresh(workspace: None, name: str, shape: tuple[int, ...], like: torch.Tensor) -> None:
+    """No scratch tensor (the reference path): each result is a fresh tensor."""
+    return None
 
 
 def _elu(x: torch.Tensor, is_query: bool, workspace: dict | None = None) -> torch.Tensor:
     if workspace is None:
         return elu_feature_map(x)
     role = "phi_q" if is_query else "phi_k"
-    return elu_feature_map(x, _scratch(workspace, role, x.shape, x), _scratch(workspace, "negative", x.shape, x))
+    scratch = fast_linear.scratch
+    return elu_feature_map(x, scratch(workspace, role, x.shape, x), scratch(workspace, "negative", x.shape, x))
 
 
 def _features(
@@ -128,48 +120,13 @@ def _bidirectional(phi_q: torch.Tensor, phi_k: torch.Tensor, values: torch.Tenso
     return out.view(batch, heads, length, -1)
 
 
-class _ExclusivePrefixSum(torch.autograd.Function):
-    """Sums over all earlier chunks, starting from `initial`: (N, nc, F), (N, F) -> (N, nc, F), out_0 = initial,
-    out_c = out_(c-1) + x_(c-1): one add per chunk written straight into its row (on the CPU torch.cumsum along
-    the middle dimension is a strided scalar scan ~3x slower, and its backward flips the gradient twice;
-    profile in experiments/results/recipes.md). The backward is the same recurrence from the other end."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, initial: torch.Tensor | None) -> torch.Tensor:
-        ctx.has_initial = initial is not None
-        return _exclusive_scan(x, initial, torch.empty_like(x))
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # d out_c / d x_j = 1 for every c > j: grad_x_j = grad_x_(j+1) + grad_(j+1), and initial feeds every row.
-        grad = grad.contiguous()
-        grad_x = torch.empty_like(grad)
-        grad_x[:, -1].zero_()
-        for index in reversed(range(grad.shape[1] - 1)):
-            torch.add(grad_x[:, index + 1], grad[:, index + 1], out=grad_x[:, index])
-        return grad_x, (grad_x[:, 0] + grad[:, 0]) if ctx.has_initial else None
-
-
-def _exclusive_scan(x: torch.Tensor, initial: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
-    if initial is None:
-        out[:, 0].zero_()
-    else:
-        out[:, 0].copy_(initial)
-    for index in range(1, x.shape[1]):
-        torch.add(out[:, index - 1], x[:, index - 1], out=out[:, index])
-    return out
-
-
 def exclusive_prefix_sum(
     x: torch.Tensor, initial: torch.Tensor | None = None, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """(N, nc, F), optional (N, F): `initial` plus the sum of the chunks before each chunk. Wide rows on the
-    CPU take the loop above (written into `out`, x's shape, if given, without autograd); narrow ones (z's,
-    F = head dim) and other devices one cumsum, shifted by a row."""
-    if x.device.type == "cpu" and x.shape[-1] >= 1024:
-        if out is not None and not torch.is_grad_enabled():
-            return _exclusive_scan(x, initial, out)
-        return _ExclusivePrefixSum.apply(x, initial)
+    """(N, nc, F), optional (N, F): `initial` plus the sum of the chunks before each chunk: a cumsum shifted by a
+    row. `out` (x's shape, no autograd): where the fast path may write it."""
+    if use_fast_kernels() and fast_linear.scan_applies(x):
+        return fast_linear.exclusive_prefix_sum(x, initial, out)
     shifted = F.pad(x.cumsum(dim=1)[:, :-1], (0, 0, 1, 0))
     return shifted if initial is None else shifted + initial[:, None]
 
@@ -194,7 +151,7 @@ def causal_linear_attention(
     column of ones appended to the values (one copy of the values fewer, and E stays matmul-aligned).
     `out` (normalise, no autograd, whole chunks only): a (B, H, T, E) view the output is written into, e.g. a
     segment of a longer output (no joining copy afterwards). `workspace` (no autograd): a dict of scratch tensors
-    (`_scratch`) that the calls for one sequence's segments share.
+    (fast/linear.py's `scratch`) that the fast path's segments of one sequence share.
     """
     batch, heads, length, dim = phi_q.shape
     kv_heads, width = phi_k.shape[1], values.shape[-1]
@@ -212,13 +169,14 @@ def causal_linear_attention(
     # Across chunks: each chunk's phi(K)^T V (per key/value head), summed over all earlier chunks.
     if workspace is not None and torch.is_grad_enabled():
         raise ValueError("causal_linear_attention reuses a workspace only without autograd")
-    states_out = _scratch(workspace, "states", (k_chunks.shape[0], dim, width), phi_k)
+    scratch = _fresh if workspace is None else fast_linear.scratch  # the fast path's reused tensors
+    states_out = scratch(workspace, "states", (k_chunks.shape[0], dim, width), phi_k)
     chunk_states = torch.bmm(k_chunks.transpose(1, 2), v_chunks, out=states_out)
     chunk_states = chunk_states.view(batch * kv_heads, n_chunks, dim * width)
     chunk_states = chunk_states.to(sum_dtype)
     prior = None if state is None else (state[..., :width] if normalise else state)
     prior = None if prior is None else prior.reshape(batch * kv_heads, dim * width).to(sum_dtype)
-    exclusive_out = _scratch(workspace, "exclusive", chunk_states.shape, chunk_states)
+    exclusive_out = scratch(workspace, "exclusive", chunk_states.shape, chunk_states)
     # The state before each chunk, earlier calls included.
     exclusive = exclusive_prefix_sum(chunk_states, prior, exclusive_out)
     final = (exclusive[:, -1] + chunk_states[:, -1]).view(batch, kv_heads, dim, width)
@@ -241,16 +199,16 @@ def causal_linear_attention(
     # Inside a chunk: the quadratic form with a causal mask, (C, C) per chunk.
     rows = q_chunks.shape[0]
     scores = torch.bmm(
-        q_chunks, k_chunks.transpose(1, 2), out=_scratch(workspace, "scores", (rows, chunk, chunk), phi_q)
+        q_chunks, k_chunks.transpose(1, 2), out=scratch(workspace, "scores", (rows, chunk, chunk), phi_q)
     )
     scores = scores.tril_()
-    numerator = torch.bmm(scores, v_chunks, out=_scratch(workspace, "numerator", (rows, chunk, width), values))
+    numerator = torch.bmm(scores, v_chunks, out=scratch(workspace, "numerator", (rows, chunk, width), values))
     numerator = numerator.baddbmm_(q_chunks, exclusive)  # intra + inter, (B * H * nc, C, E)
     if not normalise:
         return numerator.reshape(batch, heads, padded, width)[:, :, :length], final
     # (B * H * nc, C, 1): intra-chunk row sums plus phi(q) . z of the earlier chunks (a product and a sum:
-    # ~3x faster than baddbmm's matrix-vector products, 128 of them per segment).
-    product = _scratch(workspace, "product", q_chunks.shape, q_chunks)
+    # faster than baddbmm's many small matrix-vector products).
+    product = scratch(workspace, "product", q_chunks.shape, q_chunks)
     denominator = torch.mul(q_chunks, exclusive_z.reshape(-1, 1, dim), out=product).sum(dim=-1, keepdim=True)
     denominator = denominator.add_(scores.sum(dim=-1, keepdim=True)).add_(EPS)
     if out is not None:
@@ -347,40 +305,15 @@ class LinearAttention(Kernel):
             return quadratic_linear_attention(
                 q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p, feature_map=self._phi
             )
-        if causal:
-            return self._causal_segments(q, k, v, key_padding_mask, dropout_p), None
-        phi_q, phi_k, values = _features(q, k, v, key_padding_mask, dropout_p, self._phi)
-        return _bidirectional(phi_q, phi_k, values), None
-
-    def _causal_segments(self, q, k, v, key_padding_mask, dropout_p) -> torch.Tensor:
-        """The causal kernel SEGMENT_LENGTH tokens at a time, each segment continuing the state of the last
-        (split, not sliced: the backward then joins the segments' gradients in one copy instead of one
-        full-size zero tensor per segment). Without autograd each segment of whole chunks is written into its
-        part of the output: no joining copy (forward at n=32768 7% faster, recipes.md)."""
         chunk = self.chunk_size or DEFAULT_CHUNK_SIZE
-        segment = max(chunk, SEGMENT_LENGTH // chunk * chunk)  # whole chunks: the same chunks as one pass
-        pieces = [x.split(segment, dim=2) for x in (q, k, v)]
-        masks = key_padding_mask.split(segment, dim=1) if key_padding_mask is not None else [None] * len(pieces[0])
-        direct = len(pieces[0]) > 1 and not torch.is_grad_enabled()
-        joined = q.new_empty(q.shape[:3] + v.shape[-1:]) if direct else None
-        workspace = {} if direct else None  # the segments' scratch tensors, allocated once (`_scratch`)
-        outs, state, start = [], None, 0
-        for q_part, k_part, v_part, padding in zip(*pieces, masks):
-            phi_q, phi_k, values = _features(q_part, k_part, v_part, padding, dropout_p, self._phi, workspace)
-            end = start + q_part.shape[2]
-            whole = direct and q_part.shape[2] % chunk == 0
-            target = joined[:, :, start:end] if whole else None
-            out, state = causal_linear_attention(
-                phi_q, phi_k, values, chunk, state, normalise=True, out=target, workspace=workspace
-            )
-            if direct and not whole:  # the last segment's partial chunk: computed apart, then copied in
-                joined[:, :, start:end] = out
-            elif not direct:
-                outs.append(out)
-            start = end
-        if direct:
-            return joined
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        if causal and use_fast_kernels() and q.shape[2] > fast_linear.SEGMENT_LENGTH:
+            features = functools.partial(_features, dropout_p=dropout_p, feature_map=self._phi)
+            attend = functools.partial(causal_linear_attention, chunk_size=chunk, normalise=True)
+            return fast_linear.causal_segments(q, k, v, key_padding_mask, chunk, features, attend), None
+        phi_q, phi_k, values = _features(q, k, v, key_padding_mask, dropout_p, self._phi)
+        if causal:
+            return causal_linear_attention(phi_q, phi_k, values, chunk, normalise=True)[0], None
+        return _bidirectional(phi_q, phi_k, values), None
 
     def new_cache(self) -> LinearAttentionState:
         return LinearAttentionState()

@@ -19,8 +19,9 @@ import math
 
 import torch
 
-from zoo.attention.blockwise import Columns, Part, PatternKernel, Rows, select
+from zoo.attention.blockwise import Columns, Part, Rows, select
 from zoo.attention.contract import TokenLayout
+from zoo.attention.pattern import PatternKernel
 from zoo.errors import check_choice, check_positive_int
 
 PATTERNS = ("strided", "fixed")

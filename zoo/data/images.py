@@ -24,7 +24,7 @@ from zoo.data.samples import NamedSamples
 from zoo.errors import DataError, one_line
 
 # Deterministic transforms of a split whose output fits this size run once, on the whole tensor, in setup:
-# per sample they cost the digits ViT 5.1 ms per batch of 64 (ToDtype + Normalize), against a 42.6 ms step.
+# per sample they cost a noticeable share of a small ViT's step (figures in experiments/results/recipes.md).
 PRECOMPUTE_BYTES = 512 * 2**20
 
 
@@ -72,7 +72,7 @@ class RandomCropFlip(torch.nn.Module):
 
     `fill` is the value a black pixel has after normalisation, per channel: the border matches torchvision's,
     which pads the uint8 image before normalising it. Fashion-MNIST's recipe: per-sample transforms in two
-    workers took an epoch from 27 s of training steps to ~43 s on 2 cores (recipes.md)."""
+    data workers made an epoch much slower than its training steps on 2 cores (figures in recipes.md)."""
 
     def __init__(self, padding: int, flip: bool, fill: Sequence[float]) -> None:
         super().__init__()
@@ -278,8 +278,8 @@ class DigitsDataModule(ImageClassificationDataModule):
 
     def augmentations(self) -> list:
         # Shifts of up to one pixel, inside the frame. Off by default (data.augment=false): on 8x8 digits any
-        # shift costs test accuracy (ViT default recipe, 4 seeds: 0.947 mean with these shifts, 0.985 without;
-        # rotations, scaling and wrap-around shifts cost more).
+        # shift costs test accuracy (ViT default recipe over seeds; rotations, scaling and wrap-around shifts cost
+        # more; figures in experiments/results/recipes.md).
         return [v2.RandomAffine(degrees=0, translate=(0.125, 0.125))]
 
     def load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -57,6 +57,23 @@ class TransformerBlock(nn.Module):
 
     Submodule names and dropout placement follow torch.nn.TransformerEncoderLayer /
     TransformerDecoderLayer so that the two compute the same function with copied weights.
+
+    Args:
+        dim: model width (embedding size of each token).
+        num_heads: attention heads (query heads; key/value heads come from `attention.kv_heads`).
+        mlp_dim: hidden width of the MLP (None: 4 * dim).
+        attention: the self-attention's variant and options (None: full attention's defaults).
+        causal: each token attends to earlier positions only (decoders).
+        cross_attention: add a cross-attention sublayer over an encoder's memory (`context` in forward).
+        cross_attention_variant: the cross-attention's variant (it attends to the whole memory).
+        norm_first: pre-norm (LayerNorm before each sublayer) or post-norm (after the residual add).
+        dropout: dropout after each sublayer and inside the MLP.
+        drop_path: stochastic depth, the probability of skipping a sublayer's residual branch per sample.
+        activation: the MLP's activation (zoo/nn/activations.py).
+        bias: biases in the linear layers and LayerNorms.
+        norm_eps: LayerNorm epsilon.
+        layout: the token layout (sequence or patch grid with prefix tokens) for positions and patterns.
+        shared_bias: a position-bias module shared by all blocks (e.g. T5's table), or None.
     """
 
     def __init__(

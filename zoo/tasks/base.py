@@ -60,7 +60,8 @@ class ZooTask(L.LightningModule):
 
     def logging_this_step(self) -> bool:
         """Whether the loggers write step metrics after this step (every trainer.log_every_n_steps). Each
-        self.log costs Lightning ~0.6-1 ms: 3-4% of a small model's step if done at every step."""
+        self.log costs Lightning a few percent of a small model's step if done at every step (figures in
+        experiments/results/recipes.md)."""
         step, every = self.trainer.global_step + 1, self.trainer.log_every_n_steps
         return (every > 0 and step % every == 0) or step == self.trainer.max_steps
 

@@ -2,8 +2,8 @@
 
 `auto` is the fastest precision that keeps quality on the machine at hand: bf16-mixed where the device computes
 bf16 natively (CUDA GPUs with bf16, Ampere on; CPUs with AVX512-BF16 or AMX), 16-mixed on older CUDA GPUs and
-32-true elsewhere. CPUs without native bf16 (AVX2-only ones, e.g. AMD Zen 3) emulate bf16 matmuls, ~40x slower
-than fp32 there, and bf16 training steps ran ~3-12x slower (experiments/results/recipes.md).
+32-true elsewhere. CPUs without native bf16 (AVX2-only ones, e.g. AMD Zen 3) emulate bf16 matmuls, far slower
+than fp32 there, and bf16 training steps ran several times slower (figures in experiments/results/recipes.md).
 
 Lightning's AMP plugin refuses gradient clipping whenever the optimiser "unscales gradients internally"
 (`_step_supports_amp_scaling`: the fused Adam/AdamW zoo builds, the fastest step on CPU and CUDA), even in
