@@ -1,6 +1,7 @@
-"""Every `python run.py ...` command in README.md runs as written, in one-batch form (`debug=fdr`).
+"""Every `python run.py ...` command in README.md and in the docs/ pages runs as written, in one-batch form.
 
-Commands are read from the README's code blocks and inline code. Placeholders (`<multi30k folder>`, the
+Commands are read from the code blocks and inline code of README.md and of every docs/**/*.md page (a page added
+later is read as well), each distinct command once. Placeholders (`<multi30k folder>`, the
 example run directory) are filled with tiny generated data and a run made here; commands that need
 hardware this machine lacks (a GPU, several nodes, SLURM) are composed (`--cfg job`) instead of run. A
 command shown with an `error:` line below it must end with exactly that line and exit status 2.
@@ -28,6 +29,7 @@ from tests.helpers import (
 )
 
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 EXAMPLE_RUN = "outputs/vit/2025-01-31_12-00-00"  # the README's example of a run directory
 HARDWARE = {
     "trainer=gpu": "a GPU",
@@ -45,10 +47,11 @@ KNOWN_BROKEN: dict[str, str] = {}
 
 @dataclass
 class Command:
-    line: str  # as the README writes it
+    line: str  # as the page writes it
     args: list[str]  # the arguments of run.py
     launcher: str  # what starts run.py: "python", "srun", "torchrun"
-    shown_error: str | None = None  # the `error:` line the README shows below it
+    shown_error: str | None = None  # the `error:` line the page shows below it
+    page: str = "README.md"  # the first page that shows it
 
     @property
     def needs(self) -> str | None:
@@ -112,12 +115,27 @@ def readme_commands(readme: str) -> list[Command]:
     return commands
 
 
-COMMANDS = readme_commands(README.read_text())
+def pages() -> list[Path]:
+    """README.md and every page of the docs site."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def page_commands(paths: list[Path]) -> list[Command]:
+    """The run.py commands of these pages, each distinct one once (at the first page that shows it)."""
+    found: dict[tuple, Command] = {}
+    for path in paths:
+        for command in readme_commands(path.read_text()):
+            command.page = str(path.relative_to(ROOT))
+            found.setdefault((command.launcher, tuple(command.args), command.shown_error), command)
+    return list(found.values())
+
+
+COMMANDS = page_commands(pages())
 
 
 def test_the_readme_has_the_commands_this_test_reads() -> None:
-    lines = {command.line for command in COMMANDS}
-    assert "python run.py model=vit" in lines  # the main job
+    assert "python run.py model=vit" in {command.line for command in readme_commands(README.read_text())}
+    assert {c.page for c in COMMANDS} > {"README.md", "docs/getting-started.md", "docs/using-a-trained-model.md"}
     assert any(c.args[:1] == ["-m"] for c in COMMANDS) and any(c.shown_error for c in COMMANDS)
     assert any(c.launcher == "torchrun" for c in COMMANDS) and any(c.launcher == "srun" for c in COMMANDS)
 
@@ -157,7 +175,7 @@ def substitute(command: Command, world: dict) -> list[str]:
         line = line.replace(placeholder, value)
     args = parse(line).args
     unfilled = [arg for arg in args if re.search(r"<[^>]*>", arg)]
-    assert not unfilled, f"README placeholder without a stand-in in tests/test_readme.py: {unfilled}"
+    assert not unfilled, f"placeholder without a stand-in in tests/test_readme.py: {unfilled}"
     return args
 
 
@@ -202,7 +220,7 @@ def marks(command: Command) -> list:
 
 
 @pytest.mark.slow  # each one a run of zoo in its own process
-@pytest.mark.parametrize("command", [pytest.param(c, id=c.line[:90], marks=marks(c)) for c in COMMANDS])
+@pytest.mark.parametrize("command", [pytest.param(c, id=f"{c.page}: {c.line[:90]}", marks=marks(c)) for c in COMMANDS])
 def test_readme_command_works_as_written(command: Command, world, tmp_path, capsys) -> None:
     args = substitute(command, world)
     if command.shown_error:
@@ -224,14 +242,13 @@ def test_readme_command_works_as_written(command: Command, world, tmp_path, caps
     assert code == 0, (out + err)[-4000:]
 
 
-def python_examples(readme: str, section: str = "## Using a trained model") -> list[str]:
-    """The ```python blocks of a README section."""
-    text = readme.split(section, 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^```python\n(.*?)^```", text, re.M | re.S)
+def python_examples(page: str) -> list[str]:
+    """The ```python blocks of a page."""
+    return re.findall(r"^```python\n(.*?)^```", page, re.M | re.S)
 
 
 def test_the_notebook_examples_of_using_a_trained_model_run(world) -> None:
-    examples = python_examples(README.read_text())
+    examples = python_examples((DOCS / "using-a-trained-model.md").read_text())
     assert [block.splitlines()[0].rsplit("# ", 1)[-1] for block in examples] == [
         "ViT",
         "GPT",
@@ -243,5 +260,5 @@ def test_the_notebook_examples_of_using_a_trained_model_run(world) -> None:
         assert len([line for line in block.splitlines() if line.strip()]) <= 5, block
         for placeholder, value in {EXAMPLE_RUN: str(world["run"]), **stand_ins(world)}.items():
             block = block.replace(placeholder, value)
-        assert not re.search(r"<[^>]*>", block), f"README placeholder without a stand-in: {block}"
-        exec(compile(block, "README.md", "exec"), {})
+        assert not re.search(r"<[^>]*>", block), f"placeholder without a stand-in: {block}"
+        exec(compile(block, "docs/using-a-trained-model.md", "exec"), {})
