@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.helpers import ROOT
-from tests.test_readme import DOCS, README, pages, strip_comment
+from tests.test_readme import DOCS, ENVIRONMENT, README, pages, strip_comment
 
 # Scripts that need hardware this machine lacks: their commands are checked to name an existing script only.
 HARDWARE_SCRIPTS = {"experiments/gpu_check.py": "a GPU"}
@@ -27,9 +27,12 @@ def experiment_commands(text: str) -> list[list[str]]:
     blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.M | re.S)
     blocks += ["\n".join(line[4:] for line in b.splitlines()) for b in re.findall(r"(?:^ {4}\S.*\n)+", text, re.M)]
     lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
-    lines += [" ".join(span.split()) for span in re.findall(r"(?<!`)`(python experiments/[^`]*)`", text)]
+    spans = re.findall(r"(?<!`)`((?:[A-Z_][A-Z0-9_]*=\S* )*python experiments/[^`]*)`", text)
+    lines += [" ".join(span.split()) for span in spans]
     for line in lines:
         words = shlex.split(strip_comment(line.strip().removeprefix("$ ")))
+        while words and ENVIRONMENT.match(words[0]):  # `ZOO_FAST_KERNELS=0 python experiments/...`: the command
+            words.pop(0)
         if words[:1] == ["python"] and len(words) > 1 and words[1].startswith("experiments/"):
             found.append(words[1:])
     return found

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -52,6 +52,7 @@ class Command:
     launcher: str  # what starts run.py: "python", "srun", "torchrun"
     shown_error: str | None = None  # the `error:` line the page shows below it
     page: str = "README.md"  # the first page that shows it
+    env: dict[str, str] = field(default_factory=dict)  # leading `NAME=value` words: its environment variables
 
     @property
     def needs(self) -> str | None:
@@ -76,13 +77,20 @@ def strip_comment(line: str) -> str:
     return line.rstrip()
 
 
+ENVIRONMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=")  # `ZOO_FAST_KERNELS=0 python run.py ...`
+
+
 def parse(text: str, shown_error: str | None = None) -> Command | None:
     words = shlex.split(text)
     if "run.py" not in words:
         return None
+    env = {}
+    while ENVIRONMENT.match(words[0]):
+        key, value = words.pop(0).split("=", 1)
+        env[key] = value
     at = words.index("run.py")
     launcher = "python" if words[:at] == ["python"] else words[0]
-    return Command(text, words[at + 1 :], launcher, shown_error)
+    return Command(text, words[at + 1 :], launcher, shown_error, env=env)
 
 
 def readme_commands(readme: str) -> list[Command]:
@@ -107,7 +115,8 @@ def readme_commands(readme: str) -> list[Command]:
                 if command is not None:
                     commands.append(command)
     for span in re.findall(
-        r"(?<!`)`((?:srun |torchrun [^`]*?)?python run\.py[^`]*|torchrun [^`]*run\.py[^`]*)`", readme
+        r"(?<!`)`((?:[A-Z_][A-Z0-9_]*=\S* )*(?:srun |torchrun [^`]*?)?python run\.py[^`]*|torchrun [^`]*run\.py[^`]*)`",
+        readme,
     ):
         command = parse(" ".join(span.split()))
         if command is not None:
@@ -126,7 +135,8 @@ def page_commands(paths: list[Path]) -> list[Command]:
     for path in paths:
         for command in readme_commands(path.read_text()):
             command.page = str(path.relative_to(ROOT))
-            found.setdefault((command.launcher, tuple(command.args), command.shown_error), command)
+            key = (command.launcher, tuple(command.args), command.shown_error, tuple(sorted(command.env.items())))
+            found.setdefault(key, command)
     return list(found.values())
 
 
@@ -234,8 +244,9 @@ def test_readme_command_works_as_written(command: Command, world, tmp_path, caps
         assert "model:" in out
         return
     args = one_batch(args, world, tmp_path)
-    if any(a.startswith("trainer=ddp") for a in args):  # Lightning starts the other ranks as new processes
-        result = run_cli(args, timeout=300, env={"WANDB_MODE": "offline"})
+    # Lightning starts DDP's other ranks as new processes; environment variables are read when zoo is imported
+    if command.env or any(a.startswith("trainer=ddp") for a in args):
+        result = run_cli(args, timeout=300, env={"WANDB_MODE": "offline", **command.env})
         code, out, err = result.returncode, result.stdout, result.stderr
     else:
         code, out, err = run_in_process(args, capsys)
