@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.helpers import ROOT
-from tests.test_readme import DOCS, ENVIRONMENT, README, pages, strip_comment
+from tests.test_readme import DOCS, ENVIRONMENT, README, code_blocks, pages, strip_comment
 
 # Scripts that need hardware this machine lacks: their commands are checked to name an existing script only.
 HARDWARE_SCRIPTS = {"experiments/gpu_check.py": "a GPU"}
@@ -24,9 +24,7 @@ HARDWARE_SCRIPTS = {"experiments/gpu_check.py": "a GPU"}
 def experiment_commands(text: str) -> list[list[str]]:
     """`python experiments/<script>.py ...` commands of a page's code blocks and inline code, as argument lists."""
     found = []
-    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.M | re.S)
-    blocks += ["\n".join(line[4:] for line in b.splitlines()) for b in re.findall(r"(?:^ {4}\S.*\n)+", text, re.M)]
-    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    lines = [line for block in code_blocks(text) for line in block]
     spans = re.findall(r"(?<!`)`((?:[A-Z_][A-Z0-9_]*=\S* )*python experiments/[^`]*)`", text)
     lines += [" ".join(span.split()) for span in spans]
     for line in lines:

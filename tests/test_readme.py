@@ -93,18 +93,25 @@ def parse(text: str, shown_error: str | None = None) -> Command | None:
     return Command(text, words[at + 1 :], launcher, shown_error, env=env)
 
 
-def readme_commands(readme: str) -> list[Command]:
-    commands: list[Command] = []
-    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", readme, re.M | re.S)
-    blocks += ["\n".join(line[4:] for line in b.splitlines()) for b in re.findall(r"(?:^ {4}\S.*\n)+", readme, re.M)]
+def code_blocks(page: str) -> list[list[str]]:
+    """The lines of a page's code blocks (fenced or indented by 4 spaces), backslash continuations joined."""
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", page, re.M | re.S)
+    blocks += ["\n".join(line[4:] for line in b.splitlines()) for b in re.findall(r"(?:^ {4}\S.*\n)+", page, re.M)]
+    joined_blocks = []
     for block in blocks:
-        lines = block.splitlines()
         joined: list[str] = []
-        for line in lines:  # join backslash continuations
+        for line in block.splitlines():
             if joined and joined[-1].endswith("\\"):
                 joined[-1] = joined[-1][:-1] + " " + line.strip()
             else:
                 joined.append(line)
+        joined_blocks.append(joined)
+    return joined_blocks
+
+
+def readme_commands(readme: str) -> list[Command]:
+    commands: list[Command] = []
+    for joined in code_blocks(readme):
         for i, line in enumerate(joined):
             shown = line.startswith("$ ")
             line = strip_comment(line[2:] if shown else line.strip())
