@@ -18,7 +18,9 @@ gathers their numbers):
   (pixel sequences, ListOps), quality next to speed.
 
 Full mode writes experiments/results/RESULTS.md (and its PNG plots and the per-study files); --quick
-writes experiments/results/quick/ so that a quick check never replaces the committed figures. Training
+writes experiments/results/quick/ so that a quick check never replaces the committed figures. The page's headline
+is the one of README.md and the docs, rendered from experiments/results/headline.json (experiments/headline.py);
+the figures this run measured follow it, and one replaces a headline figure by an edit of headline.json. Training
 runs land in outputs/reproduce/<mode>/<run>/ (metrics.json, checkpoints, logs). Data: tiny-shakespeare and
 Multi30k are read from --shared (default ../shared/data, else they are downloaded when online),
 Fashion-MNIST from --fashion-mnist (default Debian's /usr/share/datasets/fashion-mnist, else downloaded).
