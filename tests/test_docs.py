@@ -116,3 +116,18 @@ def test_the_readme_is_a_short_front_door_that_links_into_the_docs() -> None:
     linked = set(re.findall(r"\]\(docs/([^)#]+)", text))
     assert {"getting-started.md", "results.md", "extending.md"} <= linked
     assert all((DOCS / page).is_file() for page in linked), linked
+
+
+def model_rows(page: Path) -> dict[str, list[str]]:
+    """The rows of a page's table of models (`model=`), by model: the cells after the first."""
+    rows = re.findall(r"^\| `(\w+)` \|(.*)\|$", page.read_text(), re.M)
+    return {model: [cell.strip() for cell in cells.split("|")] for model, cells in rows}
+
+
+def test_the_tables_of_models_agree_on_every_page() -> None:
+    """The README's models x data x attention x trainers table is repeated on the docs' getting-started page and,
+    its attention column, on the attention menu: the copies must not drift apart."""
+    readme = model_rows(README)
+    assert set(readme) == {"vit", "gpt", "translation", "clip", "sequence_classifier"}
+    assert model_rows(DOCS / "getting-started.md") == readme
+    assert model_rows(DOCS / "attention.md") == {model: [cells[1]] for model, cells in readme.items()}
