@@ -1,6 +1,7 @@
-"""Every `python run.py ...` command in README.md runs as written, in one-batch form (`debug=fdr`).
+"""Every `python run.py ...` command in README.md and in the docs/ pages runs as written, in one-batch form.
 
-Commands are read from the README's code blocks and inline code. Placeholders (`<multi30k folder>`, the
+Commands are read from the code blocks and inline code of README.md and of every docs/**/*.md page (a page added
+later is read as well), each distinct command once. Placeholders (`<multi30k folder>`, the
 example run directory) are filled with tiny generated data and a run made here; commands that need
 hardware this machine lacks (a GPU, several nodes, SLURM) are composed (`--cfg job`) instead of run. A
 command shown with an `error:` line below it must end with exactly that line and exit status 2.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from tests.helpers import (
 )
 
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 EXAMPLE_RUN = "outputs/vit/2025-01-31_12-00-00"  # the README's example of a run directory
 HARDWARE = {
     "trainer=gpu": "a GPU",
@@ -45,10 +47,12 @@ KNOWN_BROKEN: dict[str, str] = {}
 
 @dataclass
 class Command:
-    line: str  # as the README writes it
+    line: str  # as the page writes it
     args: list[str]  # the arguments of run.py
     launcher: str  # what starts run.py: "python", "srun", "torchrun"
-    shown_error: str | None = None  # the `error:` line the README shows below it
+    shown_error: str | None = None  # the `error:` line the page shows below it
+    page: str = "README.md"  # the first page that shows it
+    env: dict[str, str] = field(default_factory=dict)  # leading `NAME=value` words: its environment variables
 
     @property
     def needs(self) -> str | None:
@@ -73,27 +77,41 @@ def strip_comment(line: str) -> str:
     return line.rstrip()
 
 
+ENVIRONMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=")  # `ZOO_FAST_KERNELS=0 python run.py ...`
+
+
 def parse(text: str, shown_error: str | None = None) -> Command | None:
     words = shlex.split(text)
     if "run.py" not in words:
         return None
+    env = {}
+    while ENVIRONMENT.match(words[0]):
+        key, value = words.pop(0).split("=", 1)
+        env[key] = value
     at = words.index("run.py")
     launcher = "python" if words[:at] == ["python"] else words[0]
-    return Command(text, words[at + 1 :], launcher, shown_error)
+    return Command(text, words[at + 1 :], launcher, shown_error, env=env)
 
 
-def readme_commands(readme: str) -> list[Command]:
-    commands: list[Command] = []
-    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", readme, re.M | re.S)
-    blocks += ["\n".join(line[4:] for line in b.splitlines()) for b in re.findall(r"(?:^ {4}\S.*\n)+", readme, re.M)]
+def code_blocks(page: str) -> list[list[str]]:
+    """The lines of a page's code blocks (fenced or indented by 4 spaces), backslash continuations joined."""
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", page, re.M | re.S)
+    blocks += ["\n".join(line[4:] for line in b.splitlines()) for b in re.findall(r"(?:^ {4}\S.*\n)+", page, re.M)]
+    joined_blocks = []
     for block in blocks:
-        lines = block.splitlines()
         joined: list[str] = []
-        for line in lines:  # join backslash continuations
+        for line in block.splitlines():
             if joined and joined[-1].endswith("\\"):
                 joined[-1] = joined[-1][:-1] + " " + line.strip()
             else:
                 joined.append(line)
+        joined_blocks.append(joined)
+    return joined_blocks
+
+
+def readme_commands(readme: str) -> list[Command]:
+    commands: list[Command] = []
+    for joined in code_blocks(readme):
         for i, line in enumerate(joined):
             shown = line.startswith("$ ")
             line = strip_comment(line[2:] if shown else line.strip())
@@ -104,7 +122,8 @@ def readme_commands(readme: str) -> list[Command]:
                 if command is not None:
                     commands.append(command)
     for span in re.findall(
-        r"(?<!`)`((?:srun |torchrun [^`]*?)?python run\.py[^`]*|torchrun [^`]*run\.py[^`]*)`", readme
+        r"(?<!`)`((?:[A-Z_][A-Z0-9_]*=\S* )*(?:srun |torchrun [^`]*?)?python run\.py[^`]*|torchrun [^`]*run\.py[^`]*)`",
+        readme,
     ):
         command = parse(" ".join(span.split()))
         if command is not None:
@@ -112,12 +131,30 @@ def readme_commands(readme: str) -> list[Command]:
     return commands
 
 
-COMMANDS = readme_commands(README.read_text())
+def pages() -> list[Path]:
+    """README.md and every page of the docs site."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def page_commands(paths: list[Path]) -> list[Command]:
+    """The run.py commands of these pages, each distinct one once (at the first page that shows it)."""
+    found: dict[tuple, Command] = {}
+    for path in paths:
+        for command in readme_commands(path.read_text()):
+            command.page = str(path.relative_to(ROOT))
+            key = (command.launcher, tuple(command.args), command.shown_error, tuple(sorted(command.env.items())))
+            found.setdefault(key, command)
+    return list(found.values())
+
+
+COMMANDS = page_commands(pages())
 
 
 def test_the_readme_has_the_commands_this_test_reads() -> None:
-    lines = {command.line for command in COMMANDS}
-    assert "python run.py model=vit" in lines  # the main job
+    assert "python run.py model=vit" in {command.line for command in readme_commands(README.read_text())}
+    for page in ("getting-started.md", "using-a-trained-model.md", "scaling-up.md", "troubleshooting.md"):
+        assert readme_commands((DOCS / page).read_text()), f"no run.py command read from docs/{page}"
+    assert {c.page for c in COMMANDS} >= {"README.md", "docs/using-a-trained-model.md", "docs/scaling-up.md"}
     assert any(c.args[:1] == ["-m"] for c in COMMANDS) and any(c.shown_error for c in COMMANDS)
     assert any(c.launcher == "torchrun" for c in COMMANDS) and any(c.launcher == "srun" for c in COMMANDS)
 
@@ -157,7 +194,7 @@ def substitute(command: Command, world: dict) -> list[str]:
         line = line.replace(placeholder, value)
     args = parse(line).args
     unfilled = [arg for arg in args if re.search(r"<[^>]*>", arg)]
-    assert not unfilled, f"README placeholder without a stand-in in tests/test_readme.py: {unfilled}"
+    assert not unfilled, f"placeholder without a stand-in in tests/test_readme.py: {unfilled}"
     return args
 
 
@@ -202,7 +239,7 @@ def marks(command: Command) -> list:
 
 
 @pytest.mark.slow  # each one a run of zoo in its own process
-@pytest.mark.parametrize("command", [pytest.param(c, id=c.line[:90], marks=marks(c)) for c in COMMANDS])
+@pytest.mark.parametrize("command", [pytest.param(c, id=f"{c.page}: {c.line[:90]}", marks=marks(c)) for c in COMMANDS])
 def test_readme_command_works_as_written(command: Command, world, tmp_path, capsys) -> None:
     args = substitute(command, world)
     if command.shown_error:
@@ -216,22 +253,22 @@ def test_readme_command_works_as_written(command: Command, world, tmp_path, caps
         assert "model:" in out
         return
     args = one_batch(args, world, tmp_path)
-    if any(a.startswith("trainer=ddp") for a in args):  # Lightning starts the other ranks as new processes
-        result = run_cli(args, timeout=300, env={"WANDB_MODE": "offline"})
+    # Lightning starts DDP's other ranks as new processes; environment variables are read when zoo is imported
+    if command.env or any(a.startswith("trainer=ddp") for a in args):
+        result = run_cli(args, timeout=300, env={"WANDB_MODE": "offline", **command.env})
         code, out, err = result.returncode, result.stdout, result.stderr
     else:
         code, out, err = run_in_process(args, capsys)
     assert code == 0, (out + err)[-4000:]
 
 
-def python_examples(readme: str, section: str = "## Using a trained model") -> list[str]:
-    """The ```python blocks of a README section."""
-    text = readme.split(section, 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^```python\n(.*?)^```", text, re.M | re.S)
+def python_examples(page: str) -> list[str]:
+    """The ```python blocks of a page."""
+    return re.findall(r"^```python\n(.*?)^```", page, re.M | re.S)
 
 
 def test_the_notebook_examples_of_using_a_trained_model_run(world) -> None:
-    examples = python_examples(README.read_text())
+    examples = python_examples((DOCS / "using-a-trained-model.md").read_text())
     assert [block.splitlines()[0].rsplit("# ", 1)[-1] for block in examples] == [
         "ViT",
         "GPT",
@@ -243,5 +280,5 @@ def test_the_notebook_examples_of_using_a_trained_model_run(world) -> None:
         assert len([line for line in block.splitlines() if line.strip()]) <= 5, block
         for placeholder, value in {EXAMPLE_RUN: str(world["run"]), **stand_ins(world)}.items():
             block = block.replace(placeholder, value)
-        assert not re.search(r"<[^>]*>", block), f"README placeholder without a stand-in: {block}"
-        exec(compile(block, "README.md", "exec"), {})
+        assert not re.search(r"<[^>]*>", block), f"placeholder without a stand-in: {block}"
+        exec(compile(block, "docs/using-a-trained-model.md", "exec"), {})

@@ -1,0 +1,133 @@
+"""The docs site and the README as a front door: every page is in the site's nav, the README stays short, and every
+`python experiments/...` command a page shows parses with its script's own command line (the run.py commands are
+run by tests/test_readme.py). Pages added later are read as well."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import runpy
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import ROOT
+from tests.test_readme import DOCS, ENVIRONMENT, README, code_blocks, pages, strip_comment
+
+# Scripts that need hardware this machine lacks: their commands are checked to name an existing script only.
+HARDWARE_SCRIPTS = {"experiments/gpu_check.py": "a GPU"}
+
+
+def experiment_commands(text: str) -> list[list[str]]:
+    """`python experiments/<script>.py ...` commands of a page's code blocks and inline code, as argument lists."""
+    found = []
+    lines = [line for block in code_blocks(text) for line in block]
+    spans = re.findall(r"(?<!`)`((?:[A-Z_][A-Z0-9_]*=\S* )*python experiments/[^`]*)`", text)
+    lines += [" ".join(span.split()) for span in spans]
+    for line in lines:
+        words = shlex.split(strip_comment(line.strip().removeprefix("$ ")))
+        while words and ENVIRONMENT.match(words[0]):  # `ZOO_FAST_KERNELS=0 python experiments/...`: the command
+            words.pop(0)
+        if words[:1] == ["python"] and len(words) > 1 and words[1].startswith("experiments/"):
+            found.append(words[1:])
+    return found
+
+
+def commands() -> list[tuple[str, list[str]]]:
+    """(page, [script, *arguments]) of every page, each distinct command once."""
+    found: dict[tuple[str, ...], str] = {}
+    for page in pages():
+        for words in experiment_commands(page.read_text()):
+            found.setdefault(tuple(words), str(page.relative_to(ROOT)))
+    return [(page, list(words)) for words, page in found.items()]
+
+
+COMMANDS = commands()
+
+
+class Parsed(Exception):
+    """Raised in place of running the experiment, once its command line has parsed."""
+
+
+def parse_only(script: Path, arguments: list[str], monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
+    """The script's own argparse result for these arguments, without running the experiment: its parser's
+    parse_known_args returns into an exception (unknown arguments are an error, as parse_args makes them)."""
+    original = argparse.ArgumentParser.parse_known_args
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extras = original(self, args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        raise Parsed(parsed)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", parse_known_args)
+    monkeypatch.setattr(sys, "argv", [str(script), *arguments])
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except Parsed as done:
+        return done.args[0]
+    raise AssertionError(f"{script.name} ran to its end without parsing a command line")
+
+
+def test_the_pages_show_the_experiment_commands_this_test_reads() -> None:
+    scripts = {words[0] for _, words in COMMANDS}
+    assert {"experiments/reproduce.py", "experiments/variant_study.py", "experiments/gpu_check.py"} <= scripts
+    assert ["experiments/reproduce.py", "--quick"] in [words for _, words in COMMANDS]
+
+
+@pytest.mark.parametrize("page, words", [pytest.param(p, w, id=f"{p}: {' '.join(w)}") for p, w in COMMANDS])
+def test_experiment_command_parses_as_written(page: str, words: list[str], monkeypatch, capsys) -> None:
+    script, arguments = ROOT / words[0], words[1:]
+    assert script.is_file(), f"{page} shows a script that does not exist: {words[0]}"
+    if words[0] in HARDWARE_SCRIPTS:  # cannot run here: it must at least compile
+        compile(script.read_text(), str(script), "exec")
+        return
+    try:
+        parse_only(script, arguments, monkeypatch)
+    except SystemExit as exit_:  # argparse's error: a flag or value the script does not take
+        raise AssertionError(f"{page}: `python {' '.join(words)}` does not parse: {capsys.readouterr().err}") from exit_
+    # Each experiment script a page names has its own test that runs it scaled down (tests/test_<script>.py).
+    assert (ROOT / "tests" / f"test_{script.stem}.py").is_file(), f"no tests/test_{script.stem}.py runs {words[0]}"
+
+
+def nav_pages(nav: list) -> set[str]:
+    found = set()
+    for entry in nav:
+        values = entry.values() if isinstance(entry, dict) else [entry]
+        for value in values:
+            found |= nav_pages(value) if isinstance(value, list) else {value}
+    return found
+
+
+def test_every_docs_page_is_in_the_site_nav() -> None:
+    """Adding a page is one file in docs/ and one line in mkdocs.yml's nav; this test names a missing line."""
+    nav = nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    on_disk = {str(page.relative_to(DOCS)) for page in DOCS.rglob("*.md")}
+    assert on_disk - nav == set(), f"pages missing from the nav of mkdocs.yml: {sorted(on_disk - nav)}"
+    assert nav - on_disk == set(), f"nav entries of mkdocs.yml without a page in docs/: {sorted(nav - on_disk)}"
+
+
+def test_the_readme_is_a_short_front_door_that_links_into_the_docs() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    linked = set(re.findall(r"\]\(docs/([^)#]+)", text))
+    assert {"getting-started.md", "results.md", "extending.md"} <= linked
+    assert all((DOCS / page).is_file() for page in linked), linked
+
+
+def model_rows(page: Path) -> dict[str, list[str]]:
+    """The rows of a page's table of models (`model=`), by model: the cells after the first."""
+    rows = re.findall(r"^\| `(\w+)` \|(.*)\|$", page.read_text(), re.M)
+    return {model: [cell.strip() for cell in cells.split("|")] for model, cells in rows}
+
+
+def test_the_tables_of_models_agree_on_every_page() -> None:
+    """The README's models x data x attention x trainers table is repeated on the docs' getting-started page and,
+    its attention column, on the attention menu: the copies must not drift apart."""
+    readme = model_rows(README)
+    assert set(readme) == {"vit", "gpt", "translation", "clip", "sequence_classifier"}
+    assert model_rows(DOCS / "getting-started.md") == readme
+    assert model_rows(DOCS / "attention.md") == {model: [cells[1]] for model, cells in readme.items()}
