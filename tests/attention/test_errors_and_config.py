@@ -101,7 +101,7 @@ def hydra_compose(overrides: list[str]):
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "attention").glob("*.yaml")))
 def test_attention_configs_build_every_variant(option: str) -> None:
     cfg = hydra_compose([option, "rope=true"] if option == "local" else [option])
-    shared = {f.name for f in fields(AttentionConfig)} - {"options"}
+    shared = set(AttentionConfig.setting_names())
     assert set(cfg) == shared | set(VARIANTS[cfg.variant].option_names())  # exactly its variant's options
     config = AttentionConfig(**cfg)
     causal = VARIANTS[cfg.variant].supports_causal
@@ -110,6 +110,22 @@ def test_attention_configs_build_every_variant(option: str) -> None:
     assert (module.rotary is not None) == (option in ("rope", "local"))
     # Short sequences (shorter than local's window) still work.
     assert module(torch.randn(2, 7, 32)).shape == (2, 7, 32)
+
+
+def test_the_shared_base_writes_exactly_the_config_fields_and_each_variant_yaml_its_options() -> None:
+    from omegaconf import OmegaConf
+
+    base = OmegaConf.load(CONF / "attention" / "base" / "settings.yaml")
+    assert list(base) == [f.name for f in fields(AttentionConfig) if f.name != "options"]
+    assert AttentionConfig(**base) == AttentionConfig()  # and at the dataclass's defaults
+    for path in (CONF / "attention").glob("*.yaml"):
+        own = OmegaConf.to_container(OmegaConf.load(path))
+        assert own.pop("defaults") == ["base/settings@_here_", "_self_"], path.name
+        options = set(VARIANTS[own["variant"]].option_names())
+        if path.stem in VARIANTS:  # a variant's yaml: its name and exactly its kernel's options
+            assert own["variant"] == path.stem and set(own) == {"variant"} | options, path.name
+        else:  # a named setting (rope.yaml): a variant with some shared settings or options changed
+            assert set(own) <= set(AttentionConfig.setting_names()) | options, path.name
 
 
 def test_every_variant_keeps_the_parameter_names_so_checkpoints_switch_variant() -> None:
