@@ -49,7 +49,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from pathlib import Path
 
@@ -105,9 +105,10 @@ class Row:
 
 
 def load_yaml(path: Path) -> dict:
-    from omegaconf import OmegaConf
+    """conf/attention/<name>.yaml with the shared settings its defaults list pulls in."""
+    from zoo.app.overrides import group_option
 
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    return group_option("attention", path.stem)
 
 
 def named_choices(build) -> list[str]:
@@ -172,9 +173,7 @@ def discover_rows() -> tuple[list[Row], list[str]]:
         if path.stem not in VARIANTS:
             add(path.stem, [f"attention={path.stem}"], load_yaml(path), f"conf/attention/{path.name}")
     bases = len(rows)  # the variants and named settings: what an option is tried on
-    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    parameters = inspect.signature(AttentionConfig.__init__).parameters.values()
-    shared = [p for p in parameters if p.kind in named and p.name not in ("self", "variant", "options")]
+    shared = [f for f in fields(AttentionConfig) if f.name in AttentionConfig.setting_names() and f.name != "variant"]
     for name in sorted(IMPLEMENTATION & {p.name for p in shared}):
         notes.append(f"{name} (AttentionConfig.{name}): an implementation choice, same results; no row")
     for parameter in (p for p in shared if p.name not in IMPLEMENTATION):

@@ -15,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 import zoo.app.cli  # noqa: F401  (registers the fresh_dir resolver that conf/hydra/default.yaml uses)
+from tests.variants import settings_cases, supports
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -191,32 +192,31 @@ def tiny_data_overrides(cfg: DictConfig, data: dict[str, Path]) -> list[str]:
 
 
 # -- tiny trained-model stand-ins (random weights) for the inference modes and zoo.load --------------------
-# Every registered attention variant and the shared fields that change what attention computes (RoPE, the
-# position biases, grouped kv heads, FAVOR+), as conf/attention writes them, with options small enough to
-# matter at these sizes.
+# Every registered attention kernel with each of its example options (tests/variants.py), and the shared
+# fields that change what attention computes (RoPE, the position biases, grouped kv heads), as conf/attention
+# writes them.
 VARIANTS = {
-    "full": {"variant": "full"},
-    "local": {"variant": "local", "window": 4},
-    "linear": {"variant": "linear"},
-    "favor": {"variant": "linear", "feature_map": "favor"},
-    "sparse": {"variant": "sparse", "stride": 2},
-    "axial": {"variant": "axial"},
-    "compressed": {"variant": "compressed", "share_projection": False},
+    **settings_cases(),
     "rope": {"variant": "full", "rope": True},
     "alibi": {"variant": "full", "position_bias": "alibi"},
-    "t5": {"variant": "local", "window": 4, "position_bias": "t5", "num_buckets": 8, "max_distance": 16},
+    "t5": {"variant": "full", "position_bias": "t5", "num_buckets": 8, "max_distance": 16},
     "gqa": {"variant": "full", "kv_heads": 1},
 }
 FAMILIES = ("vit", "gpt", "translation", "clip", "sequence_classifier")
-# What the definitions refuse: compressed keys mix past and future (bidirectional only: not GPT, the
-# translation decoder or CLIP's text tower, which keeps full attention there); a position bias measures
-# distances along a sequence (not a ViT's patch grid: CLIP's image tower keeps full attention there).
-REFUSED = {("gpt", "compressed"), ("translation", "compressed"), ("vit", "alibi"), ("vit", "t5")}
+CAUSAL_FAMILIES = ("gpt", "translation")  # GPT and the translation decoder attend causally
 
 
-def variant_runs(family: str, attention: str) -> bool:
-    """Whether `attention` runs in `family` (CLIP: in the tower it suits; tests/app/test_modes checks REFUSED)."""
-    return (family, attention) not in REFUSED
+def variant_runs(family: str, attention: str | dict) -> bool:
+    """Whether `attention` runs in `family`. What the definitions refuse: a bidirectional-only kernel mixes past
+    and future (not GPT, the translation decoder or CLIP's text tower, which keeps full attention there); a
+    position bias measures distances along a sequence (not a ViT's patch grid: CLIP's image tower keeps full
+    attention there)."""
+    settings = VARIANTS[attention] if isinstance(attention, str) else attention
+    causal = family not in CAUSAL_FAMILIES or supports(settings.get("variant", "full"), "causal")
+    return causal and not (family == "vit" and "position_bias" in settings)
+
+
+REFUSED = {(family, name) for family in FAMILIES for name in VARIANTS if not variant_runs(family, name)}
 
 
 def tiny_model(family: str, attention: str | dict = "full", seed: int = 0) -> torch.nn.Module:
@@ -255,7 +255,7 @@ def tiny_model(family: str, attention: str | dict = "full", seed: int = 0) -> to
         tokenizer = train_caption_tokenizer(captions, "char", None, 32)
         text = {"vocab_size": tokenizer.get_vocab_size(), "max_length": 32, "dim": 16, "depth": 1, "num_heads": 2,
                 "mlp_dim": 32, "eot_token_id": end_of_text_id(tokenizer)}  # fmt: skip
-        text["attention"] = {"variant": "full"} if settings["variant"] == "compressed" else settings
+        text["attention"] = settings if supports(settings.get("variant", "full"), "causal") else {"variant": "full"}
         vit["attention"] = {"variant": "full"} if "position_bias" in settings else settings
         model = CLIP(CLIPConfig(embed_dim=16, image=vit, text=text))
         preprocessing, extra = digits, {"templates": ["a photo of the number {label}."]}

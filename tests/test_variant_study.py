@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -51,19 +52,18 @@ def test_a_variant_registered_later_joins_with_its_choices(monkeypatch: pytest.M
     assert rows["moded+fancy"].overrides[-1] == "++attention.mode=fancy"
 
 
+@dataclass(init=False)
 class ScaledAttentionConfig(AttentionConfig):
-    """A stand-in for a shared option that lands later and builds on RoPE (as RoPE scaling will)."""
+    """A stand-in for a shared option that lands later and builds on RoPE (as RoPE scaling will): one more field."""
 
-    def __init__(self, *args, scaling: str | None = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        if scaling not in (None, "ntk"):
-            raise ValueError(f"unknown attention.scaling {scaling!r}; valid choices: ['ntk']")
-        if scaling and not self.rope:
+    scaling: str | None = None
+
+    def _check(self) -> None:
+        super()._check()
+        if self.scaling not in (None, "ntk"):
+            raise ValueError(f"unknown attention.scaling {self.scaling!r}; valid choices: ['ntk']")
+        if self.scaling and not self.rope:
             raise ValueError("attention.scaling needs attention.rope=true")
-        self.scaling = scaling
-
-    def to_dict(self) -> dict:
-        return {**super().to_dict(), "scaling": self.scaling}
 
 
 def test_a_shared_option_registered_later_joins_on_the_first_row_that_takes_it(monkeypatch) -> None:

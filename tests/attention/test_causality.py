@@ -5,26 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.variants import is_pattern_kernel, kernel_cases
 from zoo.attention import MultiHeadAttention
-from zoo.attention.registry import causal_variants
 
 from .helpers import use_blockwise_path
 
-OPTIONS = {  # small settings under which each pattern is far from full attention at 40 tokens
-    "full": {},
-    "local": {"window": 6, "chunk_size": 8},
-    "linear": {"chunk_size": 8},
-    "sparse": {"stride": 5},
-    "axial": {"row_length": 6},
-}
-CASES = [(variant, OPTIONS[variant], False) for variant in causal_variants()]
-CASES.append(("sparse", {"pattern": "fixed", "stride": 6, "summary": 2}, False))
+CASES = [(variant, options, False) for variant, options in kernel_cases(causal=True)]
 # The pattern kernels take a dense path below DENSE_MAX_LENGTH tokens: their blockwise one too.
-CASES += [(variant, options, True) for variant, options, _ in CASES if variant in ("sparse", "axial")]
-
-
-def test_every_causal_variant_is_covered() -> None:
-    assert set(OPTIONS) == set(causal_variants())
+CASES += [(variant, options, True) for variant, options, _ in CASES if is_pattern_kernel(variant)]
 
 
 @pytest.mark.parametrize(("variant", "options", "blockwise"), CASES)

@@ -6,30 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.variants import is_pattern_kernel, kernel_cases, supports
 from zoo.attention import MultiHeadAttention, TokenLayout
 
 from .helpers import random_padding, use_blockwise_path
 
-VARIANTS = [  # (variant, options)
-    ("full", {}),
-    ("local", {"window": 4}),
-    ("local", {"window": 64}),
-    ("linear", {}),
-    ("sparse", {"stride": 3}),
-    ("sparse", {"pattern": "fixed", "stride": 4, "summary": 2}),
-    ("axial", {"row_length": 4}),
-]
-PATTERN_VARIANTS = [case for case in VARIANTS if case[0] in ("sparse", "axial")]
-
-SOFTMAX_VARIANTS = [case for case in VARIANTS if case[0] != "linear"]  # the kernels that form scores
+VARIANTS = kernel_cases(decoding=True)  # (variant, options)
+PATTERN_VARIANTS = [case for case in VARIANTS if is_pattern_kernel(case[0])]
+SOFTMAX_VARIANTS = kernel_cases(decoding=True, position_bias=True)  # the kernels that form scores
 
 
 def build(variant: str, options: dict, rope: bool, **settings) -> MultiHeadAttention:
     torch.manual_seed(0)
-    module = MultiHeadAttention(
-        32, 4, variant=variant, causal=True, rope=rope, chunk_size=4, **options, **settings,
-        layout=TokenLayout(max_length=8),
-    ).eval()  # fmt: skip
+    settings = {"chunk_size": 4, **options, **settings}  # the settings under test replace an example's
+    module = MultiHeadAttention(32, 4, variant=variant, causal=True, rope=rope, layout=TokenLayout(max_length=8),
+                                **settings).eval()  # fmt: skip
     if module.position_bias is not None and hasattr(module.position_bias, "relative_attention_bias"):
         torch.nn.init.normal_(module.position_bias.relative_attention_bias.weight)  # a bias that matters
     return module
@@ -116,7 +107,7 @@ PADDED_CASES += [(variant, options, fused) for variant, options in PATTERN_VARIA
 def test_cached_decoding_with_left_padding_equals_full_forward(variant, options, blockwise, settings, monkeypatch):
     if blockwise is not None:
         use_blockwise_path(monkeypatch, fused=blockwise)
-    if variant == "linear" and "position_bias" in settings:
+    if not supports(variant, "position_bias") and "position_bias" in settings:
         settings = {"kv_heads": 2}
     module = build(variant, options, rope=True, **settings)
     generator = torch.Generator().manual_seed(2)

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.variants import is_pattern_kernel, kernel_cases, supports
 from zoo.attention import VARIANTS, AttentionConfig, MultiHeadAttention, TokenLayout
+from zoo.attention.registry import cross_attention_variants
 
 from .helpers import use_blockwise_path
 
@@ -24,7 +26,7 @@ def one_line_error(build, *fragments: str) -> None:
         assert fragment in message, message
 
 
-ALL = "['axial', 'compressed', 'full', 'linear', 'local', 'sparse']"
+ALL = str(sorted(VARIANTS))
 
 
 def test_unknown_variant_names_the_choices() -> None:
@@ -49,25 +51,18 @@ def test_bad_chunk_size_and_dropout() -> None:
 
 def test_local_cross_attention_names_the_variants_that_support_it() -> None:
     module = MultiHeadAttention(16, 2, variant="local", window=4)
-    one_line_error(lambda: module(torch.randn(1, 3, 16), torch.randn(1, 5, 16)), "'local'", "['full', 'linear']")
+    one_line_error(
+        lambda: module(torch.randn(1, 3, 16), torch.randn(1, 5, 16)), "'local'", str(cross_attention_variants())
+    )
 
 
-DROPOUT_CASES = {  # variant: (options, causal)
-    "full": ({}, True),
-    "local": ({"window": 4}, True),
-    "linear": ({}, True),
-    "sparse": ({"stride": 3}, True),
-    "axial": ({"row_length": 4}, True),
-    "compressed": ({"compressed_length": 6}, False),
-}
-
-
-def test_every_variant_has_a_dropout_case() -> None:
-    assert set(DROPOUT_CASES) == set(VARIANTS)
+# Every kernel with its first example options; causal where it can be (variant: (options, causal)).
+DROPOUT_CASES = {variant: (options, supports(variant, "causal")) for variant, options in kernel_cases(first_only=True)}
 
 
 @pytest.mark.parametrize(
-    ("variant", "blockwise"), [(variant, False) for variant in DROPOUT_CASES] + [("sparse", True), ("axial", True)]
+    ("variant", "blockwise"),
+    [(variant, False) for variant in DROPOUT_CASES] + [(v, True) for v in DROPOUT_CASES if is_pattern_kernel(v)],
 )
 def test_attention_dropout_is_active_in_training_and_unbiased(variant: str, blockwise: bool, monkeypatch) -> None:
     if blockwise:  # the pattern kernels' blockwise path drops entries of the joint softmax
@@ -101,7 +96,7 @@ def hydra_compose(overrides: list[str]):
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "attention").glob("*.yaml")))
 def test_attention_configs_build_every_variant(option: str) -> None:
     cfg = hydra_compose([option, "rope=true"] if option == "local" else [option])
-    shared = {f.name for f in fields(AttentionConfig)} - {"options"}
+    shared = set(AttentionConfig.setting_names())
     assert set(cfg) == shared | set(VARIANTS[cfg.variant].option_names())  # exactly its variant's options
     config = AttentionConfig(**cfg)
     causal = VARIANTS[cfg.variant].supports_causal
@@ -112,6 +107,29 @@ def test_attention_configs_build_every_variant(option: str) -> None:
     assert module(torch.randn(2, 7, 32)).shape == (2, 7, 32)
 
 
+def test_the_shared_base_writes_exactly_the_config_fields_and_each_variant_yaml_its_options() -> None:
+    from omegaconf import OmegaConf
+
+    base = OmegaConf.load(CONF / "attention" / "base" / "settings.yaml")
+    assert list(base) == [f.name for f in fields(AttentionConfig) if f.name != "options"]
+    assert AttentionConfig(**base) == AttentionConfig()  # and at the dataclass's defaults
+    for path in (CONF / "attention").glob("*.yaml"):
+        assert_variant_yaml(path)
+
+
+def assert_variant_yaml(path: Path) -> None:
+    """conf/attention/<name>.yaml pulls in the shared base and adds its kernel's options (from the registry)."""
+    from omegaconf import OmegaConf
+
+    own = OmegaConf.to_container(OmegaConf.load(path))
+    assert own.pop("defaults") == ["base/settings@_here_", "_self_"], path.name
+    options = set(VARIANTS[own["variant"]].option_names())
+    if path.stem in VARIANTS:  # a variant's yaml: its name and exactly its kernel's options
+        assert own["variant"] == path.stem and set(own) == {"variant"} | options, path.name
+    else:  # a named setting (rope.yaml): a variant with some shared settings or options changed
+        assert set(own) <= set(AttentionConfig.setting_names()) | options, path.name
+
+
 def test_every_variant_keeps_the_parameter_names_so_checkpoints_switch_variant() -> None:
     layout = TokenLayout(max_length=12)
     torch.manual_seed(0)
@@ -120,13 +138,13 @@ def test_every_variant_keeps_the_parameter_names_so_checkpoints_switch_variant()
         module = MultiHeadAttention(16, 2, variant=variant, causal=causal, layout=layout, **options)
         result = module.load_state_dict(full, strict=False)
         assert not result.unexpected_keys
-        extra = ["kernel.key_projection", "kernel.value_projection"] if variant == "compressed" else []
-        assert sorted(result.missing_keys) == extra, variant  # the compressed kernel adds its projections
+        extra = sorted(f"kernel.{key}" for key in module.kernel.state_dict())  # e.g. compressed's projections
+        assert sorted(result.missing_keys) == extra, variant
         torch.testing.assert_close(module.in_proj.weight, full["in_proj.weight"])
 
 
 def test_position_bias_errors_name_the_choices() -> None:
-    takers = "['axial', 'full', 'local', 'sparse']"
+    takers = str(sorted(variant for variant, _ in kernel_cases(position_bias=True, first_only=True)))
     one_line_error(lambda: AttentionConfig(variant="linear", position_bias="alibi"), "'alibi'", takers)
     one_line_error(lambda: AttentionConfig(position_bias="rotary"), "'rotary'", "alibi, t5")
     one_line_error(lambda: AttentionConfig(position_bias="t5", num_buckets=2), "num_buckets", "2")

@@ -6,24 +6,20 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.variants import kernel_cases, settings_cases, supports
 from zoo.attention import MultiHeadAttention, TokenLayout, repeat_kv
 
 from .helpers import random_padding
 
 DIM, HEADS, HEAD_DIM = 32, 4, 8
-VARIANTS = {
-    "full": {"variant": "full"},
-    "local": {"variant": "local", "window": 5, "chunk_size": 4},
-    "linear": {"variant": "linear", "chunk_size": 4},
-    "favor": {"variant": "linear", "chunk_size": 4, "feature_map": "favor", "num_features": 16},
-    "alibi": {"variant": "local", "window": 5, "chunk_size": 4, "position_bias": "alibi"},
-    "sparse": {"variant": "sparse", "stride": 4},
-    "sparse_fixed_t5": {"variant": "sparse", "pattern": "fixed", "stride": 4, "summary": 2, "position_bias": "t5"},
-    "axial": {"variant": "axial", "row_length": 4, "position_bias": "alibi"},
-    "compressed": {"variant": "compressed", "compressed_length": 6, "layout": TokenLayout(max_length=16)},
-    "compressed_per_head": {"variant": "compressed", "share_projection": False, "layout": TokenLayout(max_length=16)},
+LAYOUT = TokenLayout(max_length=16)  # kernels sized by the model's length (compressed attention) take 13 tokens
+# Every kernel with each example, and each kernel that takes a position bias also with ALiBi and with T5's.
+BIASED = {
+    f"{variant}+{bias}": {"variant": variant, **options, "position_bias": bias}
+    for variant, options in kernel_cases(position_bias=True, first_only=True)
+    for bias in ("alibi", "t5")
 }
-BIDIRECTIONAL_ONLY = {"compressed", "compressed_per_head"}
+VARIANTS = {**settings_cases(), **BIASED}
 
 
 def repeated_rows(weight: torch.Tensor, groups: int) -> torch.Tensor:
@@ -35,8 +31,8 @@ def repeated_rows(weight: torch.Tensor, groups: int) -> torch.Tensor:
 def twins(settings: dict, kv_heads: int, causal: bool) -> tuple[MultiHeadAttention, MultiHeadAttention]:
     """A GQA module and the MHA module that repeats its key/value heads, with the same weights."""
     torch.manual_seed(0)
-    grouped = MultiHeadAttention(DIM, HEADS, causal=causal, kv_heads=kv_heads, **settings)
-    full = MultiHeadAttention(DIM, HEADS, causal=causal, **settings)
+    grouped = MultiHeadAttention(DIM, HEADS, causal=causal, kv_heads=kv_heads, layout=LAYOUT, **settings)
+    full = MultiHeadAttention(DIM, HEADS, causal=causal, layout=LAYOUT, **settings)
     groups = HEADS // kv_heads
     with torch.no_grad():
         for name in ("weight", "bias"):
@@ -62,7 +58,7 @@ CASES = [(name, causal) for name in sorted(VARIANTS) for causal in (False, True)
 
 
 @pytest.mark.parametrize(
-    ("name", "causal"), [case for case in CASES if not (case[1] and case[0] in BIDIRECTIONAL_ONLY)]
+    ("name", "causal"), [case for case in CASES if not case[1] or supports(VARIANTS[case[0]]["variant"], "causal")]
 )
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_grouped_query_attention_equals_repeated_key_value_heads(name: str, kv_heads: int, causal: bool) -> None:
@@ -101,7 +97,7 @@ def cache_bytes(cache) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-@pytest.mark.parametrize("name", ["full", "local", "linear", "favor", "sparse", "axial"])
+@pytest.mark.parametrize("name", sorted(settings_cases(decoding=True)))
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_caches_hold_kv_heads_and_shrink_by_num_heads_over_kv_heads(name: str, kv_heads: int) -> None:
     grouped, full = twins(VARIANTS[name], kv_heads, causal=True)
@@ -112,12 +108,12 @@ def test_caches_hold_kv_heads_and_shrink_by_num_heads_over_kv_heads(name: str, k
         outputs = [module(x[:, :7], cache=cache)] + [module(x[:, t : t + 1], cache=cache) for t in range(7, 21)]
         caches.append(cache)
         torch.testing.assert_close(torch.cat(outputs, dim=1), module(x), atol=1e-5, rtol=1e-5)
-    stored = caches[0].state if name in ("linear", "favor") else caches[0].keys
-    assert stored.shape[1] == kv_heads
+    stored = [getattr(caches[0], key) for key in ("keys", "state") if getattr(caches[0], key, None) is not None]
+    assert stored and all(tensor.shape[1] == kv_heads for tensor in stored)
     assert cache_bytes(caches[1]) == cache_bytes(caches[0]) * HEADS // kv_heads
 
 
-@pytest.mark.parametrize("name", ["full", "linear", "favor"])  # the variants that attend across sequences
+@pytest.mark.parametrize("name", sorted(settings_cases(cross_attention=True)))
 def test_cross_attention_caches_kv_heads(name: str) -> None:
     grouped, full = twins(VARIANTS[name], 2, causal=False)
     x, context = torch.randn(2, 5, DIM), torch.randn(2, 9, DIM)

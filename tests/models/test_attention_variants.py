@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
+from zoo.app.overrides import group_option
 from zoo.attention import VARIANTS, AttentionConfig
 from zoo.models.clip import CLIP, CLIPConfig
 from zoo.models.gpt import GPT, GPTConfig
@@ -23,7 +23,7 @@ IMAGE = {"image_size": 8, "patch_size": 2, "in_channels": 1, "dim": 16, "depth":
 
 
 def attention(name: str) -> AttentionConfig:
-    return AttentionConfig(**OmegaConf.to_container(OmegaConf.load(CONF / f"{name}.yaml")))
+    return AttentionConfig(**group_option("attention", name))
 
 
 def step_vit(config: AttentionConfig) -> torch.Tensor:

@@ -7,28 +7,32 @@ import math
 import pytest
 import torch
 
+from tests.variants import kernel_cases, settings_cases
 from zoo.models.gpt import GPT, GPTConfig, sample_next_token
 
+# Every kernel that decodes, with each of its examples and with RoPE on its first; shared settings on full attention.
 VARIANTS = {
-    "full": {"variant": "full"},
-    "rope": {"variant": "full", "rope": True},
-    "local": {"variant": "local", "window": 6},
-    "local_rope": {"variant": "local", "window": 6, "rope": True},
-    "linear": {"variant": "linear"},
-    "sparse": {"variant": "sparse", "stride": 5},
-    "sparse_fixed": {"variant": "sparse", "pattern": "fixed", "stride": 6, "summary": 2},
-    "axial_rope": {"variant": "axial", "row_length": 5, "rope": True},
-    "favor": {"variant": "linear", "feature_map": "favor"},
+    **settings_cases(decoding=True),
+    **{
+        f"{variant}_rope": {"variant": variant, **options, "rope": True}
+        for variant, options in kernel_cases(decoding=True, first_only=True)
+    },
     "alibi": {"position_bias": "alibi"},
     "t5": {"position_bias": "t5", "num_buckets": 8, "max_distance": 16},
-    "local_alibi": {"variant": "local", "window": 6, "position_bias": "alibi"},
     "gqa": {"rope": True, "kv_heads": 1},
     "rope_ntk": {"rope": True, "rope_scaling": "ntk", "rope_factor": 2.0},
 }
-# The pattern kernels with a position bias (and grouped heads): decoding and generating past block_size.
-BIASED_PATTERNS = {
-    "sparse_alibi_gqa": {"variant": "sparse", "stride": 5, "position_bias": "alibi", "kv_heads": 1},
-    "axial_t5": {"variant": "axial", "row_length": 5, "position_bias": "t5", "num_buckets": 8, "max_distance": 16},
+# Every kernel that takes a position bias, with ALiBi and grouped heads and with T5's: decoding and generating
+# past block_size.
+BIASED = {
+    **{
+        f"{variant}_alibi_gqa": {"variant": variant, **options, "position_bias": "alibi", "kv_heads": 1}
+        for variant, options in kernel_cases(decoding=True, position_bias=True, first_only=True)
+    },
+    **{
+        f"{variant}_t5": {"variant": variant, **options, "position_bias": "t5", "num_buckets": 8, "max_distance": 16}
+        for variant, options in kernel_cases(decoding=True, position_bias=True, first_only=True)
+    },
 }
 
 
@@ -96,10 +100,10 @@ def test_future_tokens_do_not_change_past_logits(name: str) -> None:
     assert not torch.allclose(a[:, 12:], b[:, 12:], atol=1e-3)
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS) + sorted(BIASED_PATTERNS))
+@pytest.mark.parametrize("name", sorted(VARIANTS) + sorted(BIASED))
 def test_incremental_decoding_matches_full_forward(name: str) -> None:
     torch.manual_seed(0)
-    model = tiny_gpt({**VARIANTS, **BIASED_PATTERNS}[name])
+    model = tiny_gpt({**VARIANTS, **BIASED}[name])
     idx = torch.randint(0, 37, (2, 24))
     with torch.no_grad():
         full = model(idx)
@@ -122,10 +126,10 @@ def test_cached_generation_equals_uncached_also_past_block_size(name: str) -> No
     assert torch.equal(outputs[0], outputs[1])
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5", "local_alibi", *sorted(BIASED_PATTERNS)])
+@pytest.mark.parametrize("name", ["alibi", "t5", *sorted(BIASED)])
 def test_gpt_with_a_position_bias_generates_past_block_size_without_cropping(name: str) -> None:
     torch.manual_seed(0)
-    model = tiny_gpt({**VARIANTS, **BIASED_PATTERNS}[name])
+    model = tiny_gpt({**VARIANTS, **BIASED}[name])
     assert model.wpe is None and model.max_length is None
     prompt = torch.randint(0, 37, (1, 30))  # longer than block_size 24: allowed
     out = model.generate(prompt, 20, temperature=0.0)
@@ -215,18 +219,18 @@ def test_config_errors_name_the_bad_value() -> None:
         GPTConfig(attention={"variant": "bigbird"})
 
 
-@pytest.mark.parametrize("attention", ["full", "local", "linear", "rope"])
+@pytest.mark.parametrize("attention", [*sorted(settings_cases(causal=True, first_only=True)), "full_rope"])
 def test_attention_weights_are_causal_probabilities_for_every_variant(attention: str) -> None:
-    from tests.helpers import VARIANTS
-
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=20, block_size=12, n_layer=2, n_head=2, n_embd=16, attention=VARIANTS[attention]))
+    settings = {**settings_cases(causal=True), **VARIANTS}[attention]
+    model = GPT(GPTConfig(vocab_size=20, block_size=12, n_layer=2, n_head=2, n_embd=16, attention=settings))
     weights = model.eval().attention_weights(torch.randint(0, 20, (2, 12)))
     assert len(weights) == 2 and all(w.shape == (2, 2, 12, 12) for w in weights)
     for w in weights:
         torch.testing.assert_close(w.sum(dim=-1), torch.ones(2, 2, 12))
         assert (w.triu(diagonal=1) == 0).all()  # no token attends to a later one
-    if attention == "local":  # window 4: the current token and the three before it
-        assert (weights[0][..., 11, :8] == 0).all() and (weights[0][..., 11, 8:] > 0).all()
+    if settings.get("window", 12) < 12:  # the last token sees itself and the window - 1 before it
+        start = 12 - settings["window"]
+        assert (weights[0][..., 11, :start] == 0).all() and (weights[0][..., 11, start:] > 0).all()
     with pytest.raises(ValueError, match="13 tokens exceeds the model's block_size=12"):
         model.attention_weights(torch.zeros(1, 13, dtype=torch.long))

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tests.variants import settings_cases
 from zoo.models.translation import TranslationConfig, TranslationTransformer, beam_search, greedy_decode
 from zoo.nn.blocks import TransformerBlock
 
@@ -167,22 +168,16 @@ def test_cross_attention_weights_are_distributions_over_real_source_tokens() -> 
 
 
 # -- decoding -----------------------------------------------------------------------------------
-ATTENTIONS = [
-    {},
-    {"variant": "local", "window": 4},
-    {"variant": "linear"},
-    {"rope": True},
-    {"variant": "sparse", "stride": 3},
-    {"variant": "axial", "row_length": 3},
-    {"position_bias": "alibi", "kv_heads": 2},
-    {"position_bias": "t5", "share_bias": False},
-]
+# Every kernel that decodes (the decoder is causal), with its first example; shared settings on full attention.
+ATTENTIONS = {
+    **settings_cases(decoding=True, first_only=True),
+    "rope": {"rope": True},
+    "alibi_gqa": {"position_bias": "alibi", "kv_heads": 2},
+    "t5": {"position_bias": "t5", "share_bias": False},
+}
 
 
-IDS = ["full", "local", "linear", "rope", "sparse", "axial", "alibi_gqa", "t5"]
-
-
-@pytest.mark.parametrize("attention", ATTENTIONS, ids=IDS)
+@pytest.mark.parametrize("attention", list(ATTENTIONS.values()), ids=list(ATTENTIONS))
 def test_cached_decoding_equals_uncached(attention: dict) -> None:
     model = tiny(attention=attention)
     src, tgt = random_source(), torch.randint(3, 40, (3, 6))

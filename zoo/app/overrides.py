@@ -18,8 +18,23 @@ def split_override(arg: str) -> tuple[str, str] | None:
 
 
 def group_options(group: str, conf: Path = CONF) -> list[str]:
-    folder = conf / group
-    return sorted(str(p.relative_to(folder).with_suffix("")) for p in folder.rglob("*.yaml"))
+    """The options of conf/<group>/: its yaml files. A sub-folder holds what the options pull in through their
+    defaults list (conf/attention/base/), not options of the group."""
+    return sorted(p.stem for p in (conf / group).glob("*.yaml"))
+
+
+def group_option(group: str, option: str, conf: Path = CONF) -> dict[str, Any]:
+    """conf/<group>/<option>.yaml as Hydra composes it (its defaults list applied), as a plain dict."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf / group), version_base="1.3"):
+            return OmegaConf.to_container(compose(config_name=option), resolve=True)
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def is_group(key: str, conf: Path = CONF) -> bool:

@@ -30,6 +30,7 @@ class AxialAttention(PatternKernel):
     """
 
     name = "axial"
+    example_options = ({"row_length": 4},)
 
     def __init__(self, *, row_length: int | None = None) -> None:
         super().__init__()

@@ -38,7 +38,17 @@ def new_tokens_padding(key_padding_mask: torch.Tensor | None, new_len: int) -> t
     return key_padding_mask[:, key_padding_mask.shape[1] - new_len :].bool()
 
 
-class KVCache:
+class BatchState:
+    """Base of the decoding states: every tensor it holds has the batch first, so `reorder` is one gather."""
+
+    def reorder(self, indices: torch.Tensor) -> None:
+        """Keep the batch rows `indices` (beam search picks which hypotheses survive)."""
+        for name, value in list(vars(self).items()):
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.index_select(0, indices))
+
+
+class KVCache(BatchState):
     """Keys and values of all past tokens, (B, H, T, D), in a buffer that grows by doubling."""
 
     def __init__(self) -> None:
@@ -78,15 +88,8 @@ class KVCache:
         """(B, offset) bool padding of all cached keys, or None if none was ever padded."""
         return None if self.padding is None else self.padding[:, : self.offset]
 
-    def reorder(self, indices: torch.Tensor) -> None:
-        if self.keys is not None:
-            self.keys = self.keys.index_select(0, indices)
-            self.values = self.values.index_select(0, indices)
-        if self.padding is not None:
-            self.padding = self.padding.index_select(0, indices)
 
-
-class RollingKVCache:
+class RollingKVCache(BatchState):
     """The last `window - 1` keys and values (B, H, <= window - 1, D): all a causal sliding window needs.
 
     Memory stays O(window) however long the generation runs; `offset` counts every token seen.
@@ -116,15 +119,8 @@ class RollingKVCache:
         self.offset += k.shape[2]
         return keys, values, key_padding
 
-    def reorder(self, indices: torch.Tensor) -> None:
-        if self.keys is not None:
-            self.keys = self.keys.index_select(0, indices)
-            self.values = self.values.index_select(0, indices)
-        if self.padding is not None:
-            self.padding = self.padding.index_select(0, indices)
 
-
-class LinearAttentionState:
+class LinearAttentionState(BatchState):
     """Recurrent state of causal linear attention (Katharopoulos et al. 2020, eq. 18-20).
 
     `state` (B, H, D, D + 1) holds [S | z]: S = sum_j phi(k_j) v_j^T and z = sum_j phi(k_j), so memory
@@ -135,20 +131,11 @@ class LinearAttentionState:
         self.state: torch.Tensor | None = None
         self.offset = 0
 
-    def reorder(self, indices: torch.Tensor) -> None:
-        if self.state is not None:
-            self.state = self.state.index_select(0, indices)
 
-
-class StaticKVCache:
+class StaticKVCache(BatchState):
     """Keys and values of a fixed context (cross-attention to an encoder), computed once."""
 
     def __init__(self) -> None:
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.offset = 0
-
-    def reorder(self, indices: torch.Tensor) -> None:
-        if self.keys is not None:
-            self.keys = self.keys.index_select(0, indices)
-            self.values = self.values.index_select(0, indices)

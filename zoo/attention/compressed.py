@@ -39,6 +39,8 @@ class CompressedAttention(Kernel):
     name = "compressed"
     supports_cross_attention = False
     supports_causal = False
+    supports_decoding = False
+    example_options = ({"compressed_length": 6}, {"share_projection": False})
 
     def __init__(self, *, compressed_length: int | None = None, share_projection: bool = True) -> None:
         super().__init__()

@@ -5,9 +5,10 @@ Two kinds of settings, by what they configure:
   queries and keys (`rope`, `rope_base`, `rope_scaling`, `rope_factor`), the position bias it hands to the
   kernel (`position_bias`, and T5's `num_buckets`, `max_distance`, `share_bias`), the shape of its heads
   (`kv_heads`), attention `dropout`, and the `backend` that computes the kernel (auto: by device; flex,
-  blockwise, sdpa: forced, zoo/attention/contract.py BACKENDS). Every conf/attention/*.yaml lists all of them.
+  blockwise, sdpa: forced, zoo/attention/contract.py BACKENDS). The dataclass fields below are their one list;
+  conf/attention/base/settings.yaml writes them once for every variant's yaml.
 - Options configure one kernel (`window` for local, `chunk_size` for local and linear, `feature_map` for
-  linear, ...) and live in `options`; each yaml lists its own variant's.
+  linear, ...) and live in `options`; each conf/attention/<variant>.yaml lists its own variant's.
 Options are given flat, as the YAML files and the command line write them: `AttentionConfig(variant="local",
 window=32)`. An option of another registered variant is carried but not used (a config may set local's
 window for a sweep over every variant), and so are T5's fields without position_bias=t5 and rope_factor
@@ -18,7 +19,7 @@ without RoPE).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from torch import nn
@@ -46,37 +47,26 @@ class AttentionConfig:
     backend: str = "auto"  # auto | flex | blockwise | sdpa (each variant lists the ones it has)
     options: dict[str, Any] = field(default_factory=dict)  # the kernels' own options
 
-    def __init__(
-        self,
-        variant: str = "full",
-        rope: bool = False,
-        rope_base: float = 10000.0,
-        rope_scaling: str | None = None,
-        rope_factor: float = 1.0,
-        position_bias: str | None = None,
-        num_buckets: int = 32,
-        max_distance: int = 128,
-        share_bias: bool = True,
-        kv_heads: int | None = None,
-        dropout: float = 0.0,
-        backend: str = "auto",
-        options: dict[str, Any] | None = None,
-        **kernel_options: Any,
-    ) -> None:
-        self.variant = variant
-        self.rope = rope
-        self.rope_base = rope_base
-        self.rope_scaling = rope_scaling
-        self.rope_factor = rope_factor
-        self.position_bias = position_bias
-        self.num_buckets = num_buckets
-        self.max_distance = max_distance
-        self.share_bias = share_bias
-        self.kv_heads = kv_heads
-        self.dropout = dropout
-        self.backend = backend
-        self.options = {**(options or {}), **kernel_options}
+    def __init__(self, *args: Any, options: dict[str, Any] | None = None, **settings: Any) -> None:
+        # The fields above are the one list of settings: the arguments fill them by name (or in their order),
+        # the rest are the kernels' options, given flat.
+        fields_ = [f for f in fields(self) if f.name != "options"]
+        if len(args) > len(fields_):
+            raise TypeError(f"AttentionConfig takes at most {len(fields_)} positional arguments, got {len(args)}")
+        for f, value in zip(fields_, args):
+            if f.name in settings:
+                raise TypeError(f"AttentionConfig got multiple values for argument {f.name!r}")
+            settings[f.name] = value
+        for f in fields_:
+            default = f.default_factory() if f.default is MISSING else f.default
+            setattr(self, f.name, settings.pop(f.name, default))
+        self.options = {**(options or {}), **settings}
         self._check()
+
+    @classmethod
+    def setting_names(cls) -> tuple[str, ...]:
+        """The settings of MultiHeadAttention itself (every field but `options`), as conf/attention/ writes them."""
+        return tuple(f.name for f in fields(cls) if f.name != "options")
 
     def _check(self) -> None:
         kernel = kernel_class(self.variant)  # a one-line error for an unknown variant
@@ -158,11 +148,7 @@ class AttentionConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The flat form the YAML files use."""
-        return {"variant": self.variant, "rope": self.rope, "rope_base": self.rope_base,
-                "rope_scaling": self.rope_scaling, "rope_factor": self.rope_factor,
-                "position_bias": self.position_bias, "num_buckets": self.num_buckets,
-                "max_distance": self.max_distance, "share_bias": self.share_bias, "kv_heads": self.kv_heads,
-                "dropout": self.dropout, "backend": self.backend, **self.options}  # fmt: skip
+        return {**{name: getattr(self, name) for name in self.setting_names()}, **self.options}
 
     def replace(self, **changes: Any) -> AttentionConfig:
         return AttentionConfig(**{**self.to_dict(), **changes})

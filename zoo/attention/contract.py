@@ -35,9 +35,11 @@ steps: `Kernel(**options)` takes only the kernel's own options as keyword-only a
 (one-line ValueError); `setup(layout)` then tells it about the model's token sequences and
 `setup_heads(heads)` about the heads it will see (kernels that own per-head buffers or parameters, such as
 FAVOR+'s random features or memory-compressed attention's per-head projections, create them there, so that
-checkpoints load). A kernel that is bidirectional only sets `supports_causal = False`. The options a kernel
-accepts are read off its constructor, so adding a variant is one file, one line in zoo/attention/registry.py
-and one conf/attention/<name>.yaml.
+checkpoints load). What a kernel can do is said by class flags (`supports_causal`, `supports_cross_attention`,
+`supports_position_bias`, `supports_decoding`); what it cannot do raises a one-line error. The options a kernel
+accepts are read off its constructor, and `example_options` names a few tiny sets of them that the test
+suite's variant tables (tests/variants.py) run every generic test with. So adding a variant is one file, one
+line in zoo/attention/registry.py and one conf/attention/<name>.yaml of its options: docs/adding-a-kernel.md.
 """
 
 from __future__ import annotations
@@ -133,7 +135,11 @@ class Kernel(nn.Module):
     supports_cross_attention: ClassVar[bool] = False
     supports_causal: ClassVar[bool] = True
     supports_position_bias: ClassVar[bool] = False
+    supports_decoding: ClassVar[bool] = True  # False: new_cache raises a one-line error saying why
     backends: ClassVar[tuple[str, ...]] = ()
+    # A few tiny option sets, small enough to matter on sequences of ~10-40 tokens: the suite's generic tests
+    # (causality, padding, grouped heads, dropout, decoding, ... : tests/variants.py) run the kernel with each.
+    example_options: ClassVar[tuple[dict[str, Any], ...]] = ({},)
 
     def __init__(self) -> None:
         super().__init__()

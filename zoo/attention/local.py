@@ -204,6 +204,7 @@ class LocalAttention(Kernel):
     supports_cross_attention = False
     supports_position_bias = True
     backends = ("blockwise", "flex", "sdpa")
+    example_options = ({"window": 5, "chunk_size": 4}, {"window": 64})
 
     def __init__(self, *, window: int = 256, chunk_size: int | None = None) -> None:
         super().__init__()

@@ -11,7 +11,9 @@
     compressed  keys and values projected along the sequence to k rows (Linformer, Wang et al. 2020),
             O(n k); bidirectional only, no decoding
 
-A new variant is a Kernel subclass in its own file, one line here and one conf/attention/<name>.yaml.
+A new variant is a Kernel subclass in its own file (with its `example_options`), one line here and one
+conf/attention/<name>.yaml of its options (the shared settings come from conf/attention/base/settings.yaml):
+docs/adding-a-kernel.md. The tests read their variant tables from VARIANTS, so it is tested from that line on.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ class SparseAttention(PatternKernel):
     """
 
     name = "sparse"
+    example_options = ({"stride": 3}, {"pattern": "fixed", "stride": 4, "summary": 2})
 
     def __init__(self, *, pattern: str = "strided", stride: int | None = None, summary: int | None = None) -> None:
         super().__init__()

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from tokenizers import Tokenizer, processors
 from torch.utils.data import DataLoader, Dataset
@@ -27,6 +26,7 @@ from torchvision.transforms import v2
 from zoo.data.images import ImageClassificationDataModule
 from zoo.data.preprocessing import ImagePreprocessing
 from zoo.data.samples import NamedSamples
+from zoo.data.splits import SplitDataModule
 from zoo.data.tokenizers import BOS, EOS, PAD, batched, train_tokenizer
 from zoo.errors import DataError
 
@@ -151,7 +151,7 @@ class CaptionFileDataset(Dataset):
 
 
 # -- data modules -----------------------------------------------------------------------------------------
-class CaptionDataModule(L.LightningDataModule):
+class CaptionDataModule(SplitDataModule):
     """Base: loaders of caption batches and the caption tokenizer. Subclasses implement `build_datasets()`
     -> (train, val, test) datasets of (image, caption, match_id, label), set `classes` and `templates`
     (for zero-shot classification; empty without classes), and `tokenizer_captions()`."""
@@ -232,9 +232,10 @@ class CaptionDataModule(L.LightningDataModule):
             "labels": torch.tensor(labels, dtype=torch.long),
         }
 
-    def _loader(self, dataset: Dataset, split: str, shuffle: bool, batch_size: int) -> DataLoader:
+    def loader(self, split: str) -> DataLoader:
         if self.tokenizer is None:
             raise RuntimeError("call setup() before asking for a data loader (the tokenizer is trained there)")
+        dataset, batch_size, shuffle = getattr(self, f"{split}_set"), self.batch_size_of(split), split == "train"
         return DataLoader(
             NamedSamples(dataset, split, self.num_workers),  # a failing sample or a dead worker is named
             batch_size=batch_size,
@@ -245,15 +246,6 @@ class CaptionDataModule(L.LightningDataModule):
             # A last training batch of a few pairs has almost no negatives: a noisy step, dropped.
             drop_last=shuffle and len(dataset) > batch_size,
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, "train", True, self.batch_size)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, "val", False, self.eval_batch_size)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, "test", False, self.eval_batch_size)
 
 
 class LabelledCaptionDataModule(CaptionDataModule):

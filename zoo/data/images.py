@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 from sklearn.model_selection import train_test_split
@@ -21,6 +20,7 @@ from torchvision.transforms import v2
 
 from zoo.data.preprocessing import ImagePreprocessing
 from zoo.data.samples import NamedSamples
+from zoo.data.splits import SplitDataModule
 from zoo.errors import DataError, one_line
 
 # Deterministic transforms of a split whose output fits this size run once, on the whole tensor, in setup:
@@ -93,7 +93,7 @@ class RandomCropFlip(torch.nn.Module):
         return padded.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2).contiguous()
 
 
-class ImageClassificationDataModule(L.LightningDataModule):
+class ImageClassificationDataModule(SplitDataModule):
     """Base: subclasses implement `load()` -> (train_images, train_labels, test_images, test_labels) as
     uint8 (N, C, H, W) / int64 tensors, and set `classes`, `mean`, `std`."""
 
@@ -235,24 +235,15 @@ class ImageClassificationDataModule(L.LightningDataModule):
         if self.num_classes is not None and found > self.num_classes:
             raise DataError(f"{name} has {found} classes, but data.num_classes={self.num_classes}")
 
-    def _loader(self, dataset: Dataset, split: str, shuffle: bool, batch_size: int) -> DataLoader:
+    def loader(self, split: str) -> DataLoader:
         return DataLoader(
-            NamedSamples(dataset, split, self.num_workers),  # a failing sample or a dead worker is named
-            batch_size=batch_size,
-            shuffle=shuffle,
+            NamedSamples(getattr(self, f"{split}_set"), split, self.num_workers),  # a failing sample is named
+            batch_size=self.batch_size_of(split),
+            shuffle=split == "train",
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             drop_last=False,
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, "train", True, self.batch_size)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, "val", False, self.eval_batch_size)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, "test", False, self.eval_batch_size)
 
     def augment_batch(self, images: torch.Tensor, training: bool) -> torch.Tensor:
         """`train_augment` on a training batch's images (on their device); evaluation batches pass as they are."""

@@ -15,11 +15,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Sampler
 
+from zoo.data.splits import SplitDataModule
 from zoo.data.tokenizers import BOS, EOS, PAD, batched, train_bpe_tokenizer
 from zoo.errors import DataError
 
@@ -167,7 +167,7 @@ class PairDataset(torch.utils.data.Dataset):
 
 
 # -- the data modules ------------------------------------------------------------------------------
-class TranslationDataModule(L.LightningDataModule):
+class TranslationDataModule(SplitDataModule):
     """Base: subclasses implement `load()` -> {"train" | "val" | "test": (source lines, target lines)}.
 
     vocab_size: joint BPE size; max_tokens: padded tokens per training batch (eval_max_tokens for
@@ -248,7 +248,7 @@ class TranslationDataModule(L.LightningDataModule):
             "tgt_text": list(target_text),
         }
 
-    def _loader(self, split: str) -> DataLoader:
+    def loader(self, split: str) -> DataLoader:
         dataset = self.dataset(split)
         train = split == "train"
         sampler = TokenBatchSampler(
@@ -261,15 +261,6 @@ class TranslationDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train")
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test")
 
 
 class ParallelTextDataModule(TranslationDataModule):

@@ -8,11 +8,11 @@ reads from it: vocab_size, max_length, num_classes and padding_id (None: sequenc
 
 from __future__ import annotations
 
-import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from zoo.data.images import ImageClassificationDataModule
+from zoo.data.splits import SplitDataModule
 from zoo.errors import DataError
 
 SPLITS = ("train", "val", "test")
@@ -24,7 +24,7 @@ def collate_tokens(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[to
     return torch.stack(tokens).long(), torch.stack(labels)
 
 
-class TokenSequenceDataModule(L.LightningDataModule):
+class TokenSequenceDataModule(SplitDataModule):
     """Base: subclasses implement `build_splits()` -> {split: (tokens (N, max_length) uint8 or int, labels (N,))}
     for train, val and test."""
 
@@ -68,18 +68,10 @@ class TokenSequenceDataModule(L.LightningDataModule):
                 raise DataError(f"{name} has {int(labels.max()) + 1} classes, but data.num_classes={self.num_classes}")
             self.splits[split] = TensorDataset(tokens, labels)
 
-    def _loader(self, split: str, shuffle: bool, batch_size: int) -> DataLoader:
-        return DataLoader(self.splits[split], batch_size=batch_size, shuffle=shuffle, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, collate_fn=collate_tokens)  # fmt: skip
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True, self.batch_size)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", False, self.eval_batch_size)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", False, self.eval_batch_size)
+    def loader(self, split: str) -> DataLoader:
+        return DataLoader(self.splits[split], batch_size=self.batch_size_of(split), shuffle=split == "train",
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                          collate_fn=collate_tokens)  # fmt: skip
 
 
 class PixelSequenceDataModule(TokenSequenceDataModule):

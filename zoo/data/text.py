@@ -27,12 +27,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from zoo.data.splits import SplitDataModule
 from zoo.data.tokenizers import EOS, KINDS, batched, tokenizer_from_string, tokenizer_to_string, train_tokenizer
 from zoo.errors import DataError
 
@@ -123,7 +123,7 @@ class FixedBlocks(Dataset):
         return x[0], y[0]
 
 
-class TextDataModule(L.LightningDataModule):
+class TextDataModule(SplitDataModule):
     """Language-modelling batches from text files.
 
     path: a file, a folder (all its files, recursively, sorted) or a glob pattern, or a list of them; the
@@ -325,7 +325,12 @@ class TextDataModule(L.LightningDataModule):
                     f"(the corpus has {total}); use a bigger corpus or a smaller block_size"
                 )
 
-    def train_dataloader(self) -> DataLoader:
+    def loader(self, split: str) -> DataLoader:
+        if split != "train":
+            if split == "test" and "test" not in self.splits:
+                log.warning("data.test_fraction=0: there is no test split, so the test stage measures the val split")
+                split = "val"
+            return self._eval_loader(split)
         trainer = self.trainer
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         blocks = RandomBlocks(
@@ -343,15 +348,6 @@ class TextDataModule(L.LightningDataModule):
         count = None if self.eval_batches is None else self.eval_batches * self.eval_batch_size
         blocks = FixedBlocks(self.splits[split], self.block_size, count, self.seed + 1)
         return DataLoader(blocks, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._eval_loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        if "test" not in self.splits:
-            log.warning("data.test_fraction=0: there is no test split, so the test stage measures the val split")
-            return self._eval_loader("val")
-        return self._eval_loader("test")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
