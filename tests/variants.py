@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.attention import registry
-from zoo.attention.blockwise import PatternKernel
+from zoo.attention.pattern import PatternKernel
 
 
 def case_id(variant: str, options: dict[str, Any]) -> str:
