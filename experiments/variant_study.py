@@ -939,7 +939,7 @@ def main(argv: list[str] | None = None) -> Path:
     started = time.perf_counter()
     import torch
 
-    import zoo.app.main  # noqa: F401  (Lightning's console handler binds to the console now, not to a job's log)
+    import zoo.app.modes  # noqa: F401  (Lightning's console handler binds to the console now, not to a job's log)
 
     if args.threads:
         torch.set_num_threads(args.threads)  # every job runs in this process, so they all get it

@@ -18,20 +18,20 @@ from __future__ import annotations
 
 import csv
 import logging
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import hydra
 import torch
-from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, ListConfig
 from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from zoo.app.pipeline import checkpoint_dir, instantiate_list, train_and_test
+from zoo.app.hints import shown_path
+from zoo.app.main import task_wrapper
+from zoo.app.pipeline import instantiate_list, train_and_test
 from zoo.data.captions import encode_captions, fill_templates
 from zoo.data.parallel_text import decode_ids, encode_sources, pad_sequences
 from zoo.data.preprocessing import ImagePreprocessing, image_files
@@ -125,12 +125,6 @@ def write_csv(path: Path, columns: Sequence[str], rows: Sequence[Sequence[Any]])
     print(f"wrote {path}")
 
 
-def shown_path(path: Path) -> str:
-    """A path as short as it can be said from here (relative when inside the working directory)."""
-    relative = os.path.relpath(path)
-    return relative if not relative.startswith("..") else str(path)
-
-
 @torch.no_grad()
 def encode_images(encode: Callable[[torch.Tensor], torch.Tensor], preprocessing: ImagePreprocessing, files) -> Any:
     """encode(images) of every file, in batches of BATCH images."""
@@ -149,25 +143,6 @@ def ranked_rows(name: str, scores: torch.Tensor, labels: Sequence[str], k: int) 
 def class_names(preprocessing: ImagePreprocessing, count: int) -> list[str]:
     names = list(preprocessing.classes)
     return names if len(names) == count else [str(i) for i in range(count)]
-
-
-# -- after training -------------------------------------------------------------------------------
-@rank_zero_only
-def suggest_prediction(cfg: DictConfig) -> None:
-    """The end of a ViT training run: a test image of each class in <run dir>/examples/ and the one command
-    that predicts them with the checkpoint the run just wrote."""
-    checkpoint = checkpoint_dir(cfg) / "last.ckpt"
-    if getattr(task_class(cfg.model._target_), "family", None) != "vit" or not checkpoint.is_file():
-        return
-    datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
-    if not hasattr(datamodule, "write_examples"):
-        return
-    examples = Path(cfg.paths.output_dir) / "examples"
-    datamodule.write_examples(examples)
-    print(
-        f"\npredict with this model ({examples.name}/ holds a test image of each class):\n"
-        f"  python run.py mode=predict ckpt_path={shown_path(checkpoint)} inputs={shown_path(examples)}"
-    )
 
 
 # -- GPT and translation --------------------------------------------------------------------------
@@ -419,13 +394,31 @@ def export(cfg: DictConfig) -> dict[str, float]:
     return {}
 
 
-MODES: dict[str, Callable[[DictConfig], dict[str, float]]] = {
-    "train": train_and_test,
-    "generate": generate,
-    "translate": translate,
-    "predict": predict,
-    "zero_shot": zero_shot,
-    "retrieve": retrieve,
-    "attention_maps": attention_maps,
-    "export": export,
+# Each mode as Hydra's task: zoo.app.main.task_wrapper seeds, reports, and turns bad input into one line.
+MODES: dict[str, Callable[[DictConfig], float | None]] = {
+    name: task_wrapper(mode)
+    for name, mode in {
+        "train": train_and_test,
+        "generate": generate,
+        "translate": translate,
+        "predict": predict,
+        "zero_shot": zero_shot,
+        "retrieve": retrieve,
+        "attention_maps": attention_maps,
+        "export": export,
+    }.items()
 }
+
+
+def mode_named(name: str) -> Callable[[DictConfig], float | None]:
+    """The task `mode=<name>` runs (cfg -> the metric sweepers optimise); an unknown name gets a task that
+    refuses it in one line, as every mode refuses bad input."""
+    if name in MODES:
+        return MODES[name]
+
+    @task_wrapper
+    def unknown_mode(cfg: DictConfig) -> dict[str, float]:
+        check_choice("mode", name, MODES)
+        return {}
+
+    return unknown_mode

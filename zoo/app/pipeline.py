@@ -201,7 +201,7 @@ def train_and_test(cfg: DictConfig) -> dict[str, float]:
     # The data is read now (Lightning's own setup call then finds it done): a bad file is answered before the
     # config is printed and before any logger writes into the run directory.
     datamodule.setup("fit" if cfg.get("train", True) else "test")
-    if cfg.get("print_config", True):
+    if cfg.get("print_config") is not False:  # null (the default) or true: training shows its config
         print_config_tree(cfg)
     if cfg.get("train", True):
         if ckpt_path:
