@@ -327,6 +327,10 @@ def test_a_sweep_whose_jobs_all_fail_ends_with_the_first_cause_in_one_line(sweep
     assert code == 2, (out + err)[-3000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: all 2 jobs of the sweep failed; job 0: dim must be divisible by num_heads"), last
+    # the console gets one line per failed job; its traceback is in the job's run.log
+    assert "Traceback" not in out + err and (out + err).count("trial failed, the sweep goes on") == 2, out + err
+    for job in ("0", "1"):
+        assert "Traceback" in (tmp_outputs / "sweep" / job / "run.log").read_text()
 
 
 @pytest.mark.skipif(shutil.which("srun") is not None, reason="this machine has SLURM")

@@ -23,7 +23,7 @@ from typing import Any
 import hydra
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ModelSummary
 from lightning.pytorch.plugins import Precision
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
@@ -93,6 +93,8 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule, L.
     for line in kernel_notices(task):  # e.g. a local window as long as the model's sequences
         log.warning(line)
     callbacks = with_safety_net(instantiate_list(cfg.get("callbacks"))) + trial_callbacks(cfg)  # Optuna pruning
+    if not cfg.trainer.get("enable_model_summary", True):  # the switch turns the configured summary off too
+        callbacks = [c for c in callbacks if not isinstance(c, ModelSummary)]
     loggers = instantiate_list(cfg.get("logger"))
     log_hydra_config(loggers, redacted(cfg))  # W&B: the resolved config of the run (secrets as ***)
     check_devices(cfg.trainer)
@@ -100,7 +102,7 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule, L.
     plugins = plugins if isinstance(plugins, list) else [plugins]
     if not any(isinstance(p, CheckpointIO) for p in plugins):
         plugins.append(AtomicCheckpointIO())
-    options = {}
+    options: dict[str, Any] = {"enable_model_summary": False}  # the configured summary callback prints it, if any
     strategy = cfg.trainer.get("strategy")
     strategy = OmegaConf.to_container(strategy) if isinstance(strategy, DictConfig) else strategy
     accelerator = str(cfg.trainer.get("accelerator") or "auto")  # Lightning's default
@@ -226,10 +228,7 @@ def train_and_test(cfg: DictConfig) -> dict[str, float]:
             if checkpoint.best_model_path:
                 ckpt_path = checkpoint.best_model_path
             elif cfg.get("test", True):
-                log.warning(
-                    "test_ckpt=best: no best checkpoint was saved (no validation ran during training, e.g. "
-                    "trainer.max_steps below trainer.val_check_interval); testing the final weights instead"
-                )
+                log.warning(no_best_checkpoint_note(cfg))
     if cfg.get("test", True):
         if not cfg.get("train", True) and ckpt_path is None:
             raise ValueError("train=false needs ckpt_path=<checkpoint to evaluate>")
@@ -237,6 +236,16 @@ def train_and_test(cfg: DictConfig) -> dict[str, float]:
             trainer.test(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         metrics.update(scalar_metrics(trainer.callback_metrics))
     return metrics
+
+
+def no_best_checkpoint_note(cfg: DictConfig) -> str:
+    """Why test_ckpt=best found no best checkpoint, in the words of this run."""
+    if cfg.trainer.get("fast_dev_run"):  # debug=fdr: one batch of each loop, Lightning saves no checkpoint
+        return "trainer.fast_dev_run saves no checkpoint: the test reads the weights of its one training batch"
+    return (
+        "test_ckpt=best: no best checkpoint was saved (no validation ran during training, e.g. "
+        "trainer.max_steps below trainer.val_check_interval); testing the final weights instead"
+    )
 
 
 def interrupt_status(trainer: L.Trainer) -> int:

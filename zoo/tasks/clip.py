@@ -43,10 +43,15 @@ class CLIPTask(ZooTask):
         self.save_hyperparameters()
         self.tokenizer: Tokenizer | None = None
         if pretrained:
-            self.net = CLIP.from_pretrained(pretrained, attention=net.get("attention"))
             tokenizer_file = Path(pretrained) if Path(pretrained).is_dir() else Path(pretrained).parent
-            if (tokenizer_file / "tokenizer.json").is_file():
-                self.tokenizer = Tokenizer.from_file(str(tokenizer_file / "tokenizer.json"))
+            if Path(pretrained).exists() and not (tokenizer_file / "tokenizer.json").is_file():
+                # the model's token ids mean nothing to a tokenizer trained on this run's captions
+                raise ValueError(
+                    f"model.pretrained={pretrained!r}: no tokenizer.json in {tokenizer_file}; save the processor "
+                    "there too: CLIPProcessor.from_pretrained(<name>).save_pretrained(<that folder>)"
+                )
+            self.net = CLIP.from_pretrained(pretrained, attention=net.get("attention"))
+            self.tokenizer = Tokenizer.from_file(str(tokenizer_file / "tokenizer.json"))
             # Checkpoints then describe the imported architecture themselves and reload without the file.
             self.hparams["net"], self.hparams["pretrained"] = self.net.config.to_dict(), None
         else:

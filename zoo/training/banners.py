@@ -1,11 +1,12 @@
 """Lines Lightning prints on every run that tell the user nothing: filtered out, real warnings kept.
 
-Dropped: the "💡 Tip: ... try installing litlogger" advertisement, and the accelerator census when it only says
-that a device is absent and unused ("GPU available: False, used: False", "TPU available: False, ..."). A
-GPU that is there but unused is still reported (Lightning warns about it), and nothing sent through the
-warnings module is touched. And each of Lightning's lines is printed once: Lightning gives its logger a console
-handler of its own ("INFO: ..." on stderr) that also passes every line on to the root logger, where Hydra's
-console and run.log handlers print it again; once the root logger has handlers, Lightning's own steps aside.
+Dropped: Lightning's "💡 Tip: ... try installing litlogger / litmodels" advertisements, and the accelerator
+census when it only says that a device is absent and unused ("GPU available: False, used: False", "TPU
+available: False, ..."). A GPU that is there but unused is still reported (Lightning warns about it), and
+nothing sent through the warnings module is touched. And each of Lightning's lines is printed once: Lightning
+gives its logger a console handler of its own ("INFO: ..." on stderr) that also passes every line on to the
+root logger, where Hydra's console and run.log handlers print it again; once the root logger has handlers,
+Lightning's own steps aside.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import re
 
 BANNERS = (
-    r"💡 Tip: .*litlogger",
+    r"💡 Tip: ",
     r"GPU available: False, used: False$",
     r"(TPU|HPU|IPU) available: False\b",
 )
