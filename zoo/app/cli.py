@@ -29,12 +29,14 @@ from zoo.errors import UsageError
 # Run directories
 # ---------------------------------------------------------------------------------------------------------
 CLAIMED: list[Path] = []  # the run directories this process created
+PARENTS: list[Path] = []  # the folders above them it had to create (outputs/<task>/multirun/), innermost first
 
 
 def claim_run_dir(path: str) -> str:
     """Create `path` (or `path_1`, `path_2`, ... if taken) and return it: mkdir is atomic, so two runs
     started in the same second, even on different machines sharing a disk, never share a directory."""
     base = Path(path)
+    PARENTS.extend(folder for folder in base.parents if not folder.exists())
     base.parent.mkdir(parents=True, exist_ok=True)
     for attempt in itertools.count():
         candidate = base if attempt == 0 else base.with_name(f"{base.name}_{attempt}")
@@ -49,7 +51,7 @@ def claim_run_dir(path: str) -> str:
 
 # What Hydra and the loggers write into a run directory before the first training step: a folder holding nothing
 # more is a run that never started (a checkpoint, metrics.json or a mode's results mean it did).
-HYDRA_ONLY = {".hydra", "run.log"}
+HYDRA_ONLY = {".hydra", "run.log", "multirun.yaml"}  # multirun.yaml: a sweep directory before its first job
 LOGGER_FOLDERS = {"tensorboard", "csv", "wandb", "lightning_logs"}
 
 
@@ -67,6 +69,9 @@ def discard_unstarted_run(folder: str | Path | None = None, loggers_too: bool = 
     if not folder.is_dir() or not {p.name for p in folder.iterdir()} <= unstarted:
         return False
     shutil.rmtree(folder, ignore_errors=True)
+    for parent in PARENTS:  # the empty folders above it that this process created
+        with contextlib.suppress(OSError):
+            parent.rmdir()
     return not folder.exists()
 
 

@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, open_dict
 
 from zoo.app.cli import discard_refused_run
-from zoo.app.hints import next_command
+from zoo.app.hints import next_command, placement_hint
 from zoo.app.pipeline import checkpoint_dir, prepare_checkpoint, print_config_tree
 from zoo.app.reporting import EXIT_FAULT, exit_status, full_error_requested, unwrap, user_error_message
 from zoo.app.secrets import scrub_saved_config
@@ -74,6 +74,7 @@ def exit_with_one_line(cfg: DictConfig, error: Exception) -> None:
     message = user_error_message(error, task_overrides())
     if message is None or full_error_requested():
         raise error
+    message += placement_hint(unwrap(error), cfg.get("model", {}).get("_target_"))
     output_dir = cfg.get("paths", {}).get("output_dir")
     status = exit_status(error)
     if status == EXIT_FAULT and output_dir and cfg.get("mode", "train") == "train" and cfg.get("train", True):

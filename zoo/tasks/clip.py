@@ -15,6 +15,7 @@ import torchmetrics
 from tokenizers import Tokenizer
 
 from zoo.data.captions import CaptionDataModule, encode_captions, end_of_text_id
+from zoo.errors import AttentionPlacement
 from zoo.models.clip import CLIP, CLIPConfig
 from zoo.tasks.base import ZooTask
 from zoo.tasks.clip_evaluation import retrieval_metrics, similarity_figure, zero_shot_classifier
@@ -29,6 +30,14 @@ class CLIPTask(ZooTask):
     images (one per class where there are classes) the similarity picture shows."""
 
     family = "clip"
+    attention_placements = (
+        AttentionPlacement(
+            "the image tower", "model.net.attention=null +model.net.image.attention.{option}={value}", False, True
+        ),
+        AttentionPlacement(
+            "the text tower", "model.net.attention=null +model.net.text.attention.{option}={value}", True, False
+        ),
+    )
 
     def __init__(
         self,
