@@ -102,7 +102,8 @@ CASES = [
     ("bidirectional attention in the translation decoder",
      [*TINY_TRANSLATION, "data=parallel_text", "data.train={files}/pairs.tsv", "data.val={files}/pairs.tsv",
       "data.test={files}/pairs.tsv", "attention=compressed"],
-     ["'compressed' is bidirectional only", "in model=translation it fits model.net.encoder_attention={variant:compressed}"]),
+     ["'compressed' is bidirectional only",
+      "in model=translation it fits model.net.encoder_attention={variant:compressed}"]),
     ("a sequence position bias on a patch grid", [*TINY_VIT, "attention.position_bias=alibi"],
      ["biases distances along a token sequence", "model=vit has no token-sequence attention",
       "position_bias=alibi fits model=clip (the text tower)"]),
@@ -177,7 +178,8 @@ def test_bad_input_gets_one_line_exit_2_and_harms_nothing(world, args, fragments
 
 # Refused runs with the default loggers and callbacks (what writes into a run folder as Lightning sets up).
 REFUSALS = [
-    ("bidirectional attention in GPT", [*TINY_GPT, "data=text", "data.path={files}/corpus.txt", "attention=compressed"]),
+    ("bidirectional attention in GPT",
+     [*TINY_GPT, "data=text", "data.path={files}/corpus.txt", "attention=compressed"]),
     ("negative learning rate", [*TINY_VIT, "model.optimizer.lr=-1"]),
     ("local attention's chunk_size=0", [*TINY_VIT, "attention=local", "attention.chunk_size=0"]),
     ("CLIP folder without tokenizer.json", ["model=clip", "model.pretrained={files}/clip_without_tokenizer"]),
