@@ -119,7 +119,9 @@ class ClassificationTask(ZooTask):
         """Loss (mean over the epoch's samples) and accuracy of `stage`, over all ranks' samples, then reset."""
         for name, kind in ((loss_name, "loss"), (f"{stage}/acc", "acc")):
             metric = getattr(self, f"{stage}_{kind}")
-            self.log(name, metric.compute(), prog_bar=True)
+            # compute() already gathered every rank's samples: the same value on each rank, so the mean that
+            # sync_dist takes changes nothing (and Lightning stops asking for it under DDP)
+            self.log(name, metric.compute(), prog_bar=True, sync_dist=True)
             metric.reset()
 
     def on_train_epoch_end(self) -> None:

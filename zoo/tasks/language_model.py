@@ -137,8 +137,8 @@ class LanguageModelTask(ZooTask):
     def _log_loss_and_perplexity(self, stage: str, metric: torchmetrics.MeanMetric) -> None:
         loss = metric.compute()
         metric.reset()
-        self.log(f"{stage}/loss", loss, prog_bar=True)
-        self.log(f"{stage}/ppl", torch.exp(loss))
+        self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=True)  # the same on every rank (compute() gathered)
+        self.log(f"{stage}/ppl", torch.exp(loss), sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
         self._log_loss_and_perplexity("val", self.val_loss)

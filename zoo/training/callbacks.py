@@ -24,7 +24,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichModelSummary
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichModelSummary, RichProgressBar
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_summary.model_summary import get_formatted_model_size, get_human_readable_count
@@ -278,3 +278,15 @@ class ModelSummary(RichModelSummary):
             f"[bold]Non-trainable params[/]: {get_human_readable_count(int(frozen))}  "
             f"[bold]Size (MB)[/]: {get_formatted_model_size(model_size)}"
         )
+
+
+class ProgressBar(RichProgressBar):
+    """Lightning's rich progress bar, without a bogus total: a run bounded by steps (max_epochs=-1, as GPT's
+    random blocks) reads "Steps of 600" rather than "Epoch 0/-2"."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        max_epochs = self.trainer.max_epochs
+        if max_epochs is not None and max_epochs >= 0:
+            return super()._get_train_description(current_epoch)
+        description = f"Steps of {self.trainer.max_steps}" if self.trainer.max_steps > 0 else f"Epoch {current_epoch}"
+        return f"{description:{len(self.validation_description)}}"
