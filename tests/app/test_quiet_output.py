@@ -108,3 +108,46 @@ def test_one_batch_debug_run_says_what_its_missing_checkpoint_means(tmp_path: Pa
     code, out, err = run_in_process(args, capsys)
     assert code == 0, (out + err)[-3000:]
     assert "no validation ran" not in out + err and "fast_dev_run saves no checkpoint" in out + err
+
+
+@pytest.mark.parametrize(
+    ("family", "expected"),
+    [
+        ("gpt", 'mode=generate prompt="ROMEO:" max_new_tokens=200'),
+        ("translation", 'mode=translate text="ein Mann fährt Fahrrad."'),
+    ],
+)
+def test_gpt_and_translation_runs_end_with_their_command(family: str, expected: str, tmp_path: Path, capsys) -> None:
+    from tests.helpers import compose_config
+    from zoo.app.hints import next_command
+
+    cfg = compose_config([f"model={family}"], output_dir=tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    next_command(cfg)
+    last = capsys.readouterr().out.strip().splitlines()[-1].strip()
+    assert last.startswith(f"python run.py model={family} ckpt_path=") and last.endswith(expected), last
+
+
+def test_three_hops_from_run_py_to_trainer_fit(tmp_path: Path, monkeypatch, capsys) -> None:
+    """cli -> main (Hydra's task) -> the mode (train_and_test, inside the task_wrapper decorator) -> trainer.fit,
+    as lightning-hydra-template's train.py: the functions of zoo and run.py on the stack when fit is called."""
+    import inspect
+
+    import lightning
+
+    from tests.helpers import ROOT
+
+    seen: list[str] = []
+
+    def fit(self, *args, **kwargs):
+        frames = [
+            f for f in inspect.stack() if Path(f.filename).is_file() and Path(f.filename).resolve().is_relative_to(ROOT)
+        ]
+        seen.extend(f"{Path(f.filename).name}:{f.function}" for f in reversed(frames) if "tests" not in f.filename)
+        raise KeyboardInterrupt  # stop here: the stack is what this test wants
+
+    monkeypatch.setattr(lightning.Trainer, "fit", fit)
+    with pytest.raises(KeyboardInterrupt):
+        run_in_process(["model=vit", "print_config=false", "logger=none", f"paths.log_dir={tmp_path}"], capsys)
+    assert seen == ["run.py:<module>", "run.py:cli", "run.py:main", "main.py:task", "pipeline.py:train_and_test"]

@@ -29,14 +29,16 @@ from zoo.training.checkpoints import last_good_checkpoint_note
 Mode = Callable[[DictConfig], dict[str, float]]
 
 
-def task_wrapper(mode: Mode) -> Callable[[DictConfig], float | None]:
+def task_wrapper(mode: Mode, training: bool = False) -> Callable[[DictConfig], float | None]:
     """A mode (cfg -> metrics) as Hydra's task (cfg -> the metric named by cfg.optimized_metric, for sweepers),
-    with the failure handling of the command line around it."""
+    with the failure handling of the command line around it; `training`: the mode that fits a model."""
 
     @functools.wraps(mode)
     def task(cfg: DictConfig) -> float | None:
         try:
-            metrics = run_reported(mode, cfg)
+            prepare(cfg, training)
+            metrics = mode(cfg)
+            conclude(cfg, metrics, training)
         except Exception as error:
             if in_sweep():
                 return trial_failed(error)  # traceback in the job's run.log and failure.txt; the sweep goes on
@@ -49,10 +51,10 @@ def task_wrapper(mode: Mode) -> Callable[[DictConfig], float | None]:
     return task
 
 
-def run_reported(mode: Mode, cfg: DictConfig) -> dict[str, float]:
-    """Seed, check the checkpoint, print the config if asked, run the mode, report and save the metrics."""
+def prepare(cfg: DictConfig, training: bool) -> None:
+    """Before any mode: secrets out of the saved config, seeds, matmul precision; the checkpoint of a mode other
+    than training checked; the config printed when asked (training prints it once the run is built)."""
     scrub_saved_config(cfg.get("paths", {}).get("output_dir"))
-    training = mode.__name__ == "train_and_test"
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision(cfg.get("float32_matmul_precision", "high"))
@@ -60,12 +62,14 @@ def run_reported(mode: Mode, cfg: DictConfig) -> dict[str, float]:
         with open_dict(cfg):  # a checkpoint file; a folder written by mode=export is checked by zoo.load
             cfg.ckpt_path = prepare_checkpoint(cfg)
     if cfg.get("print_config") and not training:
-        print_config_tree(cfg)  # training prints it once the run is built and checked (zoo.app.pipeline)
-    metrics = mode(cfg)
+        print_config_tree(cfg)
+
+
+def conclude(cfg: DictConfig, metrics: dict[str, float], training: bool) -> None:
+    """After any mode: the metrics reported and saved; a training run ends with the command that uses it."""
     report(cfg, metrics)
     if training and not in_sweep():
-        next_command(cfg)  # each family ends with the command that uses the checkpoint just written
-    return metrics
+        next_command(cfg)
 
 
 def exit_with_one_line(cfg: DictConfig, error: Exception) -> None:

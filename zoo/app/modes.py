@@ -417,7 +417,7 @@ def export(cfg: DictConfig) -> dict[str, float]:
 
 # Each mode as Hydra's task: zoo.app.main.task_wrapper seeds, reports, and turns bad input into one line.
 MODES: dict[str, Callable[[DictConfig], float | None]] = {
-    name: task_wrapper(mode)
+    name: task_wrapper(mode, training=name == "train")
     for name, mode in {
         "train": train_and_test,
         "generate": generate,
