@@ -112,7 +112,7 @@ def test_bad_input_is_answered_before_the_config_and_leaves_no_run_folder(tmp_pa
     code, out, err = run_in_process(["model.net.depth=0", "print_config=true", f"paths.log_dir={tmp_path}"], capsys)
     assert code == 2 and error_line(err) == "error: vit depth must be a positive int, got 0"
     assert "config" not in out.splitlines() and "model_checkpoint" not in out  # no config tree before the error
-    assert not any((tmp_path / "vit").iterdir())
+    assert not (tmp_path / "vit").exists()  # neither the run folder nor the task folder it had to create
 
     started = Path(claim_run_dir(str(tmp_path / "vit" / "run")))
     (started / ".hydra").mkdir()
