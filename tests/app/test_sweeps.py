@@ -340,3 +340,15 @@ def test_the_slurm_launcher_off_a_cluster_is_one_line(tmp_outputs: Path, capsys)
     )
     assert code == 2 and err.strip().count("\n") == 0, err
     assert err.startswith("error: hydra/launcher=submitit_slurm submits SLURM jobs, but this machine has no SLURM")
+
+
+def test_a_grids_study_for_the_plots_is_made_without_optunas_banner(capfd) -> None:
+    import optuna
+
+    from zoo.app.sweep_report import study_from_records
+
+    optuna.logging.set_verbosity(optuna.logging.INFO)  # Optuna's default
+    records = [{"job": 0, "status": "completed", "value": 0.5}, {"job": 1, "status": "completed", "value": 0.7}]
+    study = study_from_records(records, [["attention=full"], ["attention=local"]], "max")
+    assert len(study.trials) == 2 and study.best_value == 0.7
+    assert "A new study created" not in "".join(capfd.readouterr())
