@@ -175,8 +175,16 @@ def test_a_conditional_key_is_searched_only_in_the_trials_where_it_matters(tmp_p
         assert ("window" in trial.params) == (trial.params["x"] == 2), trial.params
     for overrides in (o for batch in launcher.batches for o in batch):
         assert any(o.startswith("window=") for o in overrides) == ("x=2" in overrides), overrides
-    with pytest.raises(UsageError, match="hydra.sweeper.conditions names .window., which this sweep does not search"):
-        make_sweeper(tmp_path / "bad", conditions={"window": {"depth": [2]}})[0].sweep([])
+    with pytest.raises(UsageError, match="hydra.sweeper.conditions names 'depth', which this sweep neither searches"):
+        make_sweeper(tmp_path / "bad", params={"x": "choice(1)", "window": "choice(4, 8)"},
+                     conditions={"window": {"depth": [2]}})[0].sweep([])  # fmt: skip
+    # a condition on a key the command line fixes is settled before the first trial
+    for fixed, searched in (("x=2", True), ("x=1", False)):
+        sweeper, launcher = make_sweeper(tmp_path / fixed, params={"window": "choice(4, 8)"},
+                                         conditions={"window": {"x": [2]}}, n_trials=2)  # fmt: skip
+        sweeper.sweep([fixed])
+        jobs = [o for batch in launcher.batches for o in batch]
+        assert all(any(o.startswith("window=") for o in job) == searched and fixed in job for job in jobs), jobs
 
 
 def test_the_optuna_searches_sample_the_window_only_for_local_attention() -> None:

@@ -154,8 +154,8 @@ class OptunaSweeper:
     def sweep(self, arguments: list[str]) -> None:
         assert self.config is not None and self.hydra_context is not None
         space = parse_search_space(self.params, arguments, self.hydra_context.config_loader)
+        self.resolve_conditions(space)
         distributions = {key: optuna_distribution(dimension) for key, dimension in space.searched.items()}
-        self.check_conditions(distributions)
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         url = study_storage(self.storage, self.sweep_dir)
         study = optuna.create_study(
@@ -212,14 +212,29 @@ class OptunaSweeper:
             adopted.append(trial)
         return adopted
 
-    def check_conditions(self, distributions: dict[str, BaseDistribution]) -> None:
-        for key, when in self.conditions.items():
-            for name in [key, *when]:
-                if name not in distributions:
+    def resolve_conditions(self, space: SearchSpace) -> None:
+        """The conditions that hold in this sweep: one on a key the command line fixes (`attention=full`) is
+        settled now (the conditional key is searched in every trial, or in none: then it keeps its config value);
+        one on a key neither searched nor fixed is a one-line error."""
+        for key, when in list(self.conditions.items()):
+            if key not in space.searched:
+                del self.conditions[key]
+                continue
+            for other, values in list(when.items()):
+                if other in space.searched:
+                    continue
+                if other not in space.fixed:
                     raise UsageError(
-                        f"hydra.sweeper.conditions names {name!r}, which this sweep does not search; "
-                        f"searched: {', '.join(distributions) or '(nothing)'}"
+                        f"hydra.sweeper.conditions names {other!r}, which this sweep neither searches nor sets; "
+                        f"searched: {', '.join(space.searched) or '(nothing)'}"
                     )
+                fixed = space.fixed[other].split("=", 1)[-1]
+                del when[other]
+                if fixed not in [str(value) for value in values]:
+                    del space.searched[key]  # never applies: the key keeps its config value
+                    break
+            if not when or key not in space.searched:
+                del self.conditions[key]
 
     def unconditional(self, distributions: dict[str, BaseDistribution]) -> dict[str, BaseDistribution]:
         return {key: distribution for key, distribution in distributions.items() if key not in self.conditions}
