@@ -30,6 +30,12 @@ from zoo.errors import UsageError
 # ---------------------------------------------------------------------------------------------------------
 CLAIMED: list[Path] = []  # the run directories this process created
 PARENTS: list[Path] = []  # the folders above them it had to create (outputs/<task>/multirun/), innermost first
+TRAINED: set[Path] = set()  # run directories whose training took a step: kept whatever ends the run
+
+
+def keep_run_folder(folder: str | Path) -> None:
+    """Mark `folder` as a run that started (it trained): a later error keeps it and what its loggers wrote."""
+    TRAINED.add(Path(folder).resolve())
 
 
 def claim_run_dir(path: str) -> str:
@@ -63,7 +69,7 @@ def discard_unstarted_run(folder: str | Path | None = None, loggers_too: bool = 
     if not CLAIMED:
         return False
     folder = Path(folder).resolve() if folder is not None else CLAIMED[-1].resolve()
-    if folder not in {claimed.resolve() for claimed in CLAIMED}:
+    if folder not in {claimed.resolve() for claimed in CLAIMED} or folder in TRAINED:
         return False
     unstarted = HYDRA_ONLY | (LOGGER_FOLDERS if loggers_too else set())
     if not folder.is_dir() or not {p.name for p in folder.iterdir()} <= unstarted:

@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.tree import Tree
 
+from zoo.app.cli import keep_run_folder
 from zoo.app.devices import check_devices
 from zoo.app.optuna_sweeper import trial_callbacks
 from zoo.app.secrets import redact, redacted
@@ -209,7 +210,7 @@ def train_and_test(cfg: DictConfig) -> dict[str, float]:
         if ckpt_path:
             log.info(f"resuming from {ckpt_path}")
         try:
-            with survivable_faults(trainer):
+            with kept_once_trained(trainer, cfg), survivable_faults(trainer):
                 trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         except SIGTERMException:
             sys.exit(interrupt_status(trainer))  # 128 + the signal, as if it had ended the process (after saving)
@@ -251,6 +252,18 @@ def no_best_checkpoint_note(cfg: DictConfig) -> str:
 def interrupt_status(trainer: L.Trainer) -> int:
     stopper = next((c for c in trainer.callbacks if isinstance(c, CheckpointOnInterrupt)), None)
     return stopper.exit_status() if stopper is not None else 143
+
+
+@contextmanager
+def kept_once_trained(trainer: L.Trainer, cfg: DictConfig) -> Iterator[None]:
+    """A run that took a training step keeps its folder whatever stops it (a non-finite loss at step 3 keeps
+    its logs); one refused before its first step leaves nothing (zoo.app.cli.discard_unstarted_run)."""
+    try:
+        yield
+    except BaseException:
+        if trainer.global_step > 0 and cfg.get("paths", {}).get("output_dir"):
+            keep_run_folder(cfg.paths.output_dir)
+        raise
 
 
 @contextmanager
