@@ -1,4 +1,5 @@
-"""How a training run ends: the command that uses the checkpoint it just wrote, one per model family.
+"""What zoo suggests next: the command that uses a training run's checkpoint (one per model family), and where
+an attention option that cannot go where it was put fits instead (`placement_hint`).
 
 vit          a test image of each class in <run dir>/examples/, and the `mode=predict` command for them
 clip         the same images, and the `mode=zero_shot` command that classifies them by class name
