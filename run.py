@@ -1,8 +1,9 @@
 """zoo's command line: `python run.py model=vit`, `python run.py -m model=gpt attention=full,local`.
 
-Thin by design: zoo.app.cli checks the command line first and plans a resume (`auto_resume=<run dir>`),
-Hydra composes conf/, zoo.app.main runs the chosen mode and returns the metric named by `optimized_metric`
-(what sweepers minimise or maximise); bad input is reported as one line (zoo.app.reporting).
+Three steps to `trainer.fit`, as lightning-hydra-template's train.py: `cli` checks the command line (and plans
+a resume, `auto_resume=<run dir>`), Hydra composes conf/ and calls `main`, `main` runs the mode cfg.mode names
+(train: zoo.app.pipeline.train_and_test, which fits and then tests the best checkpoint). What every mode shares
+(seeding, the metrics report, bad input as one line) is the decorator zoo.app.main.task_wrapper.
 """
 
 import os
@@ -18,9 +19,10 @@ from zoo.app.reporting import reporting_errors
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    from zoo.app.main import main as run  # imported here: command-line mistakes are answered before torch loads
+    """Hydra's task: run the chosen mode; returns the metric named by `optimized_metric` (what sweepers optimise)."""
+    from zoo.app.modes import mode_named  # imported here: command-line mistakes are answered before torch loads
 
-    return run(cfg)
+    return mode_named(cfg.get("mode", "train"))(cfg)
 
 
 def cli() -> None:

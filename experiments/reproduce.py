@@ -18,12 +18,13 @@ gathers their numbers):
   (pixel sequences, ListOps), quality next to speed.
 
 Full mode writes experiments/results/RESULTS.md (and its PNG plots and the per-study files); --quick
-writes experiments/results/quick/ so that a quick check never replaces the committed figures. The page's headline
-is the one of README.md and the docs, rendered from experiments/results/headline.json (experiments/headline.py);
-the figures this run measured follow it, and one replaces a headline figure by an edit of headline.json. Training
-runs land in outputs/reproduce/<mode>/<run>/ (metrics.json, checkpoints, logs). Data: tiny-shakespeare and
-Multi30k are read from --shared (default ../shared/data, else they are downloaded when online),
-Fashion-MNIST from --fashion-mnist (default Debian's /usr/share/datasets/fashion-mnist, else downloaded).
+writes experiments/results/quick/ so that a quick check never replaces the committed figures (--out picks another
+folder). The page's headline is the one of README.md and the docs, rendered from experiments/results/headline.json
+(experiments/headline.py); the figures this run measured follow it, and one replaces a headline figure by an edit of
+headline.json. Training runs land in outputs/reproduce/<mode>/<run>/ (metrics.json, checkpoints, logs; --runs picks
+another folder). Data: tiny-shakespeare and Multi30k are read from --shared (default ../shared/data, else they are
+downloaded when online), Fashion-MNIST from --fashion-mnist (default Debian's /usr/share/datasets/fashion-mnist,
+else downloaded).
 A study whose data cannot be found is reported as skipped, with the reason.
 """
 
@@ -588,6 +589,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="folder holding tinyshakespeare/input.txt and multi30k/")  # fmt: skip
     parser.add_argument("--fashion-mnist", type=Path, default=Path("/usr/share/datasets/fashion-mnist"))
     parser.add_argument("--out", type=Path, default=None, help="results folder (default experiments/results[/quick])")
+    parser.add_argument("--runs", type=Path, default=ROOT / "outputs" / "reproduce",
+                        help="folder for the training runs and their logs (default outputs/reproduce)")  # fmt: skip
     args = parser.parse_args(argv)
     args.seeds = args.seeds or (1 if args.quick else 3)
     args.out = args.out or EXPERIMENTS / "results" / ("quick" if args.quick else "")
@@ -597,7 +600,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     mode = "quick" if args.quick else "full"
-    runs_dir = ROOT / "outputs" / "reproduce" / mode
+    runs_dir = args.runs / mode
     args.out.mkdir(parents=True, exist_ok=True)
     info = machine()
     started = time.perf_counter()

@@ -1,7 +1,8 @@
 """The variant study: every attention variant and position option of zoo, in every model family and on two
 long-range tasks, quality next to speed, measured on one machine by one command.
 
-    python experiments/variant_study.py --quick     # scaled down: under 10 minutes on 2 CPU cores
+    python experiments/variant_study.py --quick     # scaled down: minutes a row, about an hour for every row
+    python experiments/variant_study.py --quick --rows full local   # a few rows: a few minutes
     python experiments/variant_study.py             # the study (hours on 2 CPU cores)
     python experiments/variant_study.py --reuse     # keep the runs that finished (after a stop), redo the rest
     python experiments/variant_study.py --rows full local --tasks vit_digits lra_listops
@@ -366,6 +367,20 @@ def record(result: dict, paths: list[Path]) -> None:
 def missing_files(task: Task) -> list[str]:
     """The files `task` needs that are not there (a pattern of `needs` matches the plain or the .gz file)."""
     return [str(path) for path in task.needs if not any(path.parent.glob(path.name))]
+
+
+# The option that says where each task's data is, for the console line of a column skipped for want of it.
+DATA_OPTIONS = {"gpt_char": "--shared", "lra_pixel": "--fashion-mnist"}
+
+
+def skipped_columns(columns: list[Task]) -> list[str]:
+    """One console line for each column whose data is missing: what is skipped, why, and how to include it."""
+    return [
+        f"skipping the {task.key} column: {', '.join(missing)} not found"
+        + (f" (pass {DATA_OPTIONS[task.key]} <the folder that holds it>)" if task.key in DATA_OPTIONS else "")
+        for task in columns
+        if (missing := missing_files(task))
+    ]
 
 
 def fresh_folder(folder: Path) -> None:
@@ -911,7 +926,9 @@ def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min, prio
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="scaled-down runs: under 10 minutes on 2 CPU cores")
+    parser.add_argument(
+        "--quick", action="store_true", help="scaled-down runs: minutes a row on 2 CPU cores (--rows picks a few)"
+    )
     parser.add_argument("--reuse", action="store_true", help="keep the jobs that have a study_result.json")
     parser.add_argument("--rows", nargs="+", help="only these rows (default: every row found)")
     parser.add_argument("--tasks", nargs="+", help="only these columns: vit_digits gpt_char translation_numbers "
@@ -938,7 +955,7 @@ def main(argv: list[str] | None = None) -> Path:
     started = time.perf_counter()
     import torch
 
-    import zoo.app.main  # noqa: F401  (Lightning's console handler binds to the console now, not to a job's log)
+    import zoo.app.modes  # noqa: F401  (Lightning's console handler binds to the console now, not to a job's log)
 
     if args.threads:
         torch.set_num_threads(args.threads)  # every job runs in this process, so they all get it
@@ -958,6 +975,8 @@ def main(argv: list[str] | None = None) -> Path:
             raise SystemExit(f"error: unknown tasks {unknown}; valid choices: {', '.join(keys)}")
         columns = [task for task in columns if task.key in args.tasks]
     print(f"rows: {', '.join(row.name for row in rows)}; columns: {', '.join(t.key for t in columns)}", flush=True)
+    for line in skipped_columns(columns):
+        print(line, flush=True)
     cells = run_study(args, rows, columns)
     empty = {"batch": 0, "steps": 0, "rounds": 0, "threads": 0, "lengths": [], "rows": {}}
     speed = step_times(rows, args.quick) if not args.tasks or "speed" in args.tasks else empty

@@ -113,6 +113,10 @@ def test_what_is_no_model_gets_one_line(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="without config.json"):
         zoo.load(tmp_path / "empty")
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # a run folder of `python run.py`
+    (tmp_path / "run" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"is a run folder, not a model; load its checkpoint: .*/last\.ckpt$"):
+        zoo.load(tmp_path / "run")
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(CheckpointError, match="Hugging Face GPT-2 folder.*from_pretrained"):

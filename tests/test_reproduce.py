@@ -36,6 +36,13 @@ def test_results_can_be_written_outside_the_repository(tmp_path: Path, capsys) -
     assert f"wrote {out / 'RESULTS.md'}" in capsys.readouterr().out
 
 
+def test_training_runs_go_to_the_folder_given_with_runs(tmp_path: Path) -> None:
+    assert reproduce.parse_args([]).runs == reproduce.ROOT / "outputs" / "reproduce"
+    args = reproduce.parse_args(["--quick", "--runs", str(tmp_path / "runs"), "--only", "attention", "--out",
+                                 str(tmp_path / "out")])  # fmt: skip
+    assert args.runs == tmp_path / "runs"
+
+
 def test_reuse_reads_a_finished_run_without_running_it(tmp_path: Path) -> None:
     run = reproduce.Run("vit", "vit_digits-full-seed0", "ViT, digits (test accuracy)", "full", [], "test/acc")
     (tmp_path / run.name).mkdir()

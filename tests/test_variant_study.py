@@ -111,6 +111,14 @@ def test_a_job_that_cannot_run_shows_its_one_line_error_and_missing_data_skips(t
     assert not (tmp_path / "runs" / "gpt").exists()
 
 
+def test_a_column_without_its_data_is_announced_with_the_option_that_finds_it(tmp_path: Path) -> None:
+    args = variant_study.parse_args(["--quick", "--shared", str(tmp_path / "nowhere"), "--out", str(tmp_path)])
+    lines = variant_study.skipped_columns(variant_study.tasks(args))
+    gpt = [line for line in lines if "gpt_char" in line]
+    assert gpt == [f"skipping the gpt_char column: {tmp_path / 'nowhere' / 'tinyshakespeare' / 'input.txt'} not found "
+                   "(pass --shared <the folder that holds it>)"]  # fmt: skip
+
+
 def test_finished_jobs_go_to_the_ledger_and_reuse_takes_them_from_it(tmp_path: Path, monkeypatch) -> None:
     """The full study spans sessions: a job that ended with a number is recorded in the ledger (committed with the
     results), and --reuse takes it from there when its job folder is gone; errors are not kept (redone)."""

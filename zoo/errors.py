@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,34 @@ class MachineFault(RuntimeError):
     """The machine failed the run, not its input: a full, read-only or unwritable disk, a training process or a
     data-loader worker that died. The message names what failed, where, and the last good checkpoint; once the
     fault is fixed, resuming continues the run."""
+
+
+class PlacementError(ValueError):
+    """An attention variant or position option that this attention cannot take where it was put: `option` and
+    `value` (variant / compressed, position_bias / alibi) need `needs`: "bidirectional" (a self-attention that
+    is not causal) or "sequence" (tokens in a row, not a patch grid). Each model family declares where its
+    attentions are (`AttentionPlacement`, on its task); the command line's error names the placement that fits."""
+
+    def __init__(self, message: str, option: str = "", value: Any = None, needs: str = "") -> None:
+        super().__init__(message)
+        self.option, self.value, self.needs = option, value, needs
+
+
+@dataclass(frozen=True)
+class AttentionPlacement:
+    """One attention of a model family: `where` in words, the `override` that sets an option there only
+    ({option} and {value} filled in), whether it is `causal` and whether its tokens lie on a patch `grid`."""
+
+    where: str
+    override: str
+    causal: bool
+    grid: bool
+
+    def takes(self, needs: str) -> bool:
+        return {"bidirectional": not self.causal, "sequence": not self.grid}.get(needs, False)
+
+    def command(self, option: str, value: Any) -> str:
+        return self.override.format(option=option, value=value)
 
 
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, NotADirectoryError, NonFiniteLossError)

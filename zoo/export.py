@@ -98,6 +98,9 @@ def _from_checkpoint(path: Path) -> nn.Module:
 def _from_folder(folder: Path) -> nn.Module:
     config_file = folder / CONFIG_FILE
     if not config_file.is_file():
+        last = folder / "checkpoints" / "last.ckpt"
+        if last.is_file():  # a run folder of `python run.py`
+            raise CheckpointError(f"{str(folder)!r} is a run folder, not a model; load its checkpoint: {last}")
         raise CheckpointError(
             f"{str(folder)!r} is a folder without {CONFIG_FILE}; valid: a folder written by mode=export"
         )

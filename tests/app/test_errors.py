@@ -97,7 +97,18 @@ CASES = [
     ("dim not divisible by heads", [*TINY_VIT, "model.net.dim=30", "model.net.num_heads=4"], ["dim=30", "num_heads"]),
     ("window <= 0", ["attention=local", "attention.window=0"], ["window", "0", "positive"]),
     ("bidirectional attention in a causal model", ["model=gpt", "attention=compressed"],
-     ["'compressed' is bidirectional only", "causal", "valid choices", "sparse"]),
+     ["'compressed' is bidirectional only", "causal", "valid choices", "sparse", "model=gpt has no non-causal",
+      "variant=compressed fits model=clip (the image tower)", "model=translation (the encoder's self-attention)"]),
+    ("bidirectional attention in the translation decoder",
+     [*TINY_TRANSLATION, "data=parallel_text", "data.train={files}/pairs.tsv", "data.val={files}/pairs.tsv",
+      "data.test={files}/pairs.tsv", "attention=compressed"],
+     ["'compressed' is bidirectional only",
+      "in model=translation it fits model.net.encoder_attention={variant:compressed}"]),
+    ("a sequence position bias on a patch grid", [*TINY_VIT, "attention.position_bias=alibi"],
+     ["biases distances along a token sequence", "model=vit has no token-sequence attention",
+      "position_bias=alibi fits model=clip (the text tower)"]),
+    ("a sequence position bias in CLIP's image tower", ["model=clip", "attention.position_bias=t5"],
+     ["in model=clip it fits model.net.attention=null +model.net.text.attention.position_bias=t5 (the text tower)"]),
     ("axial row length that misses the patch grid", ["attention=axial", "attention.row_length=3"],
      ["row_length=3", "4x4 patch grid", "null or 4"]),
     ("position bias without scores", ["attention=linear", "attention.position_bias=alibi"],
@@ -163,6 +174,33 @@ def test_bad_input_gets_one_line_exit_2_and_harms_nothing(world, args, fragments
     after = snapshot(world["root"])
     assert {k: after.get(k) for k in before} == before  # every earlier file is still there, unchanged
     assert not (world["files"] / "code_ran").exists()
+
+
+# Refused runs with the default loggers and callbacks (what writes into a run folder as Lightning sets up).
+REFUSALS = [
+    ("bidirectional attention in GPT",
+     [*TINY_GPT, "data=text", "data.path={files}/corpus.txt", "attention=compressed"]),
+    ("negative learning rate", [*TINY_VIT, "model.optimizer.lr=-1"]),
+    ("local attention's chunk_size=0", [*TINY_VIT, "attention=local", "attention.chunk_size=0"]),
+    ("CLIP folder without tokenizer.json", ["model=clip", "model.pretrained={files}/clip_without_tokenizer"]),
+    ("a launcher of no jobs", ["-m", *TINY_VIT, "hydra/launcher=joblib", "hydra.launcher.n_jobs=0"]),
+    ("auto_resume of another family's run", ["auto_resume={vit_run}", "model=gpt", "data=text",
+                                             "data.path={files}/corpus.txt"]),
+]  # fmt: skip
+
+
+def test_refused_runs_leave_no_file_behind_not_even_in_the_run_they_refuse(world, capsys) -> None:
+    (world["files"] / "clip_without_tokenizer").mkdir(exist_ok=True)
+    (world["files"] / "clip_without_tokenizer" / "config.json").write_text("{}")
+    names = {k: str(v) for k, v in world.items()} | {"vit_run": str(world["vit"].parents[1])}
+    before = snapshot(world["root"])
+    folders = {p for p in world["root"].rglob("*") if p.is_dir()}
+    for name, args in REFUSALS:
+        args = [a.format(**names) for a in args]
+        code, out, err = run_cli([*args, "print_config=false", f"paths.log_dir={world['outputs']}"], capsys)
+        assert code == 2 and err.strip().splitlines()[-1].startswith("error: "), (name, (out + err)[-3000:])
+        assert snapshot(world["root"]) == before, name  # no file appeared, none changed (run.log included)
+        assert {p for p in world["root"].rglob("*") if p.is_dir()} == folders, name  # nor any folder
 
 
 def test_hydra_full_error_shows_the_traceback(world, capsys, monkeypatch) -> None:

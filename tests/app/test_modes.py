@@ -58,7 +58,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_a_vit_run_ends_with_the_command_that_predicts_and_it_equals_the_models_own_forward(world, capsys) -> None:
     last = world["vit_stdout"].strip().splitlines()[-1].strip()
-    assert last.startswith("python run.py mode=predict ckpt_path=") and " inputs=" in last
+    assert last.startswith("python run.py model=vit ckpt_path=") and last.split()[4:5] == ["mode=predict"], last
+    assert " inputs=" in last
     args = shlex.split(last)[2:]
     run([*args, "top_k=3"], world["root"] / "predict", capsys)
     predicted = rows(world["root"] / "predict" / "predictions.csv")
@@ -298,6 +299,13 @@ BAD = [
     (["model=clip", "mode=retrieve", "ckpt_path={clip}", "inputs={root}"], ["mode=retrieve needs query="]),
     (["model=clip", "mode=zero_shot", "ckpt_path={clip}", "inputs={root}", "templates=[no label here]"],
      ["{label}", "'no label here'"]),
+    (["model=clip", "mode=zero_shot", "ckpt_path={clip}", "inputs={root}", "classes=[]"],
+     ["classes=[] is empty", "classes=[<class name>,...] or leave it out"]),
+    (["model=clip", "mode=zero_shot", "ckpt_path={clip}", "inputs={root}", "templates=[]"],
+     ["templates=[] is empty", "leave it out"]),
+    (["model=clip", "mode=retrieve", "ckpt_path={clip}", "query={root}/a.png", "inputs={root}"],
+     ["image query", "needs captions=[<caption>,...]", 'query="<a caption>" inputs=<images>']),
+    (["model=clip", "mode=retrieve", "ckpt_path={clip}", "query={root}/a.png"], ["needs captions="]),
     (["model=gpt", "mode=attention_maps", "ckpt_path={gpt}", "prompt=" + "x" * 17], ["17 tokens", "block_size=16"]),
     (["model=sequence_classifier", "mode=attention_maps", "ckpt_path={sequence_classifier}"],
      ["mode=attention_maps is for model=vit | clip | gpt | translation", "holds a sequence_classifier model"]),

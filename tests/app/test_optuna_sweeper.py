@@ -161,3 +161,33 @@ def test_bad_settings_are_one_line_errors(setting: dict, message: str, tmp_path:
     with pytest.raises(UsageError) as error:
         make_sweeper(tmp_path, **setting)
     assert str(error.value) == message
+
+
+def test_a_conditional_key_is_searched_only_in_the_trials_where_it_matters(tmp_path: Path) -> None:
+    # as conf/hparams_search/*_optuna.yaml: attention.window is sampled only for attention=local
+    sweeper, launcher = make_sweeper(
+        tmp_path, params={"x": "choice(1, 2)", "window": "choice(4, 8)"}, conditions={"window": {"x": [2]}}, n_trials=8
+    )
+    sweeper.sweep([])
+    trials = study_of(f"sqlite:///{tmp_path / 'optuna.db'}").trials
+    assert {t.params["x"] for t in trials} == {1, 2}
+    for trial in trials:
+        assert ("window" in trial.params) == (trial.params["x"] == 2), trial.params
+    for overrides in (o for batch in launcher.batches for o in batch):
+        assert any(o.startswith("window=") for o in overrides) == ("x=2" in overrides), overrides
+    with pytest.raises(UsageError, match="hydra.sweeper.conditions names 'depth', which this sweep neither searches"):
+        make_sweeper(tmp_path / "bad", params={"x": "choice(1)", "window": "choice(4, 8)"},
+                     conditions={"window": {"depth": [2]}})[0].sweep([])  # fmt: skip
+    # a condition on a key the command line fixes is settled before the first trial
+    for fixed, searched in (("x=2", True), ("x=1", False)):
+        sweeper, launcher = make_sweeper(tmp_path / fixed, params={"window": "choice(4, 8)"},
+                                         conditions={"window": {"x": [2]}}, n_trials=2)  # fmt: skip
+        sweeper.sweep([fixed])
+        jobs = [o for batch in launcher.batches for o in batch]
+        assert all(any(o.startswith("window=") for o in job) == searched and fixed in job for job in jobs), jobs
+
+
+def test_the_optuna_searches_sample_the_window_only_for_local_attention() -> None:
+    for name in ("vit", "clip", "gpt", "translation"):
+        config = OmegaConf.load(Path(__file__).parents[2] / "conf" / "hparams_search" / f"{name}_optuna.yaml")
+        assert config.hydra.sweeper.conditions == {"attention.window": {"attention": ["local"]}}, name

@@ -189,8 +189,15 @@ def test_optuna_search_of_three_trials_goes_on_after_a_failure_and_writes_result
     (sweep_dir,) = (tmp_outputs / "vit" / "multirun").iterdir()
     results = OmegaConf.load(sweep_dir / "optimization_results.yaml")
     assert results.name == "optuna"
-    assert set(results.best_params) == {"model.optimizer.lr", "data.batch_size", "model.net.depth", "model.net.dim",
-                                        "attention", "attention.window"}  # fmt: skip
+    assert set(results.best_params) - {"attention.window"} == {
+        "model.optimizer.lr",
+        "data.batch_size",
+        "model.net.depth",
+        "model.net.dim",
+        "attention",
+    }
+    # the window is searched only in trials of local attention (hydra.sweeper.conditions)
+    assert ("attention.window" in results.best_params) == (results.best_params["attention"] == "local")
     assert results.best_params["model.net.dim"] == 16
     rows = read_summary(sweep_dir)
     assert len(rows) == 3
@@ -327,6 +334,10 @@ def test_a_sweep_whose_jobs_all_fail_ends_with_the_first_cause_in_one_line(sweep
     assert code == 2, (out + err)[-3000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: all 2 jobs of the sweep failed; job 0: dim must be divisible by num_heads"), last
+    # the console gets one line per failed job; its traceback is in the job's run.log
+    assert "Traceback" not in out + err and (out + err).count("trial failed, the sweep goes on") == 2, out + err
+    for job in ("0", "1"):
+        assert "Traceback" in (tmp_outputs / "sweep" / job / "run.log").read_text()
 
 
 @pytest.mark.skipif(shutil.which("srun") is not None, reason="this machine has SLURM")
@@ -336,3 +347,15 @@ def test_the_slurm_launcher_off_a_cluster_is_one_line(tmp_outputs: Path, capsys)
     )
     assert code == 2 and err.strip().count("\n") == 0, err
     assert err.startswith("error: hydra/launcher=submitit_slurm submits SLURM jobs, but this machine has no SLURM")
+
+
+def test_a_grids_study_for_the_plots_is_made_without_optunas_banner(capfd) -> None:
+    import optuna
+
+    from zoo.app.sweep_report import study_from_records
+
+    optuna.logging.set_verbosity(optuna.logging.INFO)  # Optuna's default
+    records = [{"job": 0, "status": "completed", "value": 0.5}, {"job": 1, "status": "completed", "value": 0.7}]
+    study = study_from_records(records, [["attention=full"], ["attention=local"]], "max")
+    assert len(study.trials) == 2 and study.best_value == 0.7
+    assert "A new study created" not in "".join(capfd.readouterr())

@@ -15,7 +15,7 @@ import torch
 import torchvision
 
 from tests.helpers import run_in_process
-from zoo.app.cli import claim_run_dir, discard_unstarted_run
+from zoo.app.cli import claim_run_dir, discard_unstarted_run, keep_run_folder
 from zoo.data.tokenizers import train_char_tokenizer
 from zoo.models import clip, gpt, sequence_classifier, translation, vit  # noqa: F401  (every family's config)
 from zoo.models.clip import CLIPConfig
@@ -112,7 +112,7 @@ def test_bad_input_is_answered_before_the_config_and_leaves_no_run_folder(tmp_pa
     code, out, err = run_in_process(["model.net.depth=0", "print_config=true", f"paths.log_dir={tmp_path}"], capsys)
     assert code == 2 and error_line(err) == "error: vit depth must be a positive int, got 0"
     assert "config" not in out.splitlines() and "model_checkpoint" not in out  # no config tree before the error
-    assert not any((tmp_path / "vit").iterdir())
+    assert not (tmp_path / "vit").exists()  # neither the run folder nor the task folder it had to create
 
     started = Path(claim_run_dir(str(tmp_path / "vit" / "run")))
     (started / ".hydra").mkdir()
@@ -121,6 +121,13 @@ def test_bad_input_is_answered_before_the_config_and_leaves_no_run_folder(tmp_pa
     other = tmp_path / "not_claimed"
     (other / ".hydra").mkdir(parents=True)
     assert not discard_unstarted_run(other) and other.is_dir()  # not this process's: kept
+    refused = Path(claim_run_dir(str(tmp_path / "vit" / "refused")))
+    (refused / "tensorboard").mkdir()  # what the loggers write as Lightning sets up
+    assert discard_unstarted_run(refused) and not refused.exists()
+    trained = Path(claim_run_dir(str(tmp_path / "vit" / "trained")))
+    (trained / "tensorboard").mkdir()
+    keep_run_folder(trained)  # it took a training step (zoo.app.pipeline.kept_once_trained)
+    assert not discard_unstarted_run(trained) and trained.is_dir()
 
 
 # -- checkpoints and weights -------------------------------------------------------------------------------

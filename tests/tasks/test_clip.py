@@ -168,3 +168,10 @@ def test_cli_trains_and_tests_clip_on_the_embedded_default(tmp_outputs: Path) ->
     metrics = json.loads((run / "metrics.json").read_text())
     assert 0.0 <= metrics["test/zero_shot_top1"] <= 1.0 and "test/text_to_image_R@1" in metrics
     assert (run / "clip_similarity.png").is_file()
+
+
+def test_a_pretrained_folder_without_its_tokenizer_names_the_file_to_save(tmp_path: Path) -> None:
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")  # CLIPModel.save_pretrained without the processor's files
+    with pytest.raises(ValueError, match=r"no tokenizer.json in .*hf; save the processor there too: CLIPProcessor"):
+        CLIPTask(NET, pretrained=str(tmp_path / "hf"))

@@ -12,6 +12,7 @@ Kept free of torch and Lightning imports so that a mistyped option is answered i
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import shutil
@@ -28,12 +29,20 @@ from zoo.errors import UsageError
 # Run directories
 # ---------------------------------------------------------------------------------------------------------
 CLAIMED: list[Path] = []  # the run directories this process created
+PARENTS: list[Path] = []  # the folders above them it had to create (outputs/<task>/multirun/), innermost first
+TRAINED: set[Path] = set()  # run directories whose training took a step: kept whatever ends the run
+
+
+def keep_run_folder(folder: str | Path) -> None:
+    """Mark `folder` as a run that started (it trained): a later error keeps it and what its loggers wrote."""
+    TRAINED.add(Path(folder).resolve())
 
 
 def claim_run_dir(path: str) -> str:
     """Create `path` (or `path_1`, `path_2`, ... if taken) and return it: mkdir is atomic, so two runs
     started in the same second, even on different machines sharing a disk, never share a directory."""
     base = Path(path)
+    PARENTS.extend(folder for folder in base.parents if not folder.exists())
     base.parent.mkdir(parents=True, exist_ok=True)
     for attempt in itertools.count():
         candidate = base if attempt == 0 else base.with_name(f"{base.name}_{attempt}")
@@ -46,24 +55,55 @@ def claim_run_dir(path: str) -> str:
     raise AssertionError("unreachable")
 
 
-# What Hydra writes into a run directory before zoo's code runs: a folder holding nothing more is a run that
-# never started.
-HYDRA_ONLY = {".hydra", "run.log"}
+# What Hydra and the loggers write into a run directory before the first training step: a folder holding nothing
+# more is a run that never started (a checkpoint, metrics.json or a mode's results mean it did).
+HYDRA_ONLY = {".hydra", "run.log", "multirun.yaml"}  # multirun.yaml: a sweep directory before its first job
+LOGGER_FOLDERS = {"tensorboard", "csv", "wandb", "lightning_logs"}
 
 
-def discard_unstarted_run(folder: str | Path | None = None) -> bool:
+def discard_unstarted_run(folder: str | Path | None = None, loggers_too: bool = True) -> bool:
     """Remove `folder` (default: the run directory this process created last) if this process created it and
-    it holds only Hydra's own files: a run refused for bad input before it started. True if removed; a
-    directory with anything else in it is kept."""
+    it holds only Hydra's own files (and, with `loggers_too`, the loggers' folders, which Lightning creates as
+    it sets up): a run refused for bad input before it started. True if removed; a directory with anything
+    else in it is kept."""
     if not CLAIMED:
         return False
     folder = Path(folder).resolve() if folder is not None else CLAIMED[-1].resolve()
-    if folder not in {claimed.resolve() for claimed in CLAIMED}:
+    if folder not in {claimed.resolve() for claimed in CLAIMED} or folder in TRAINED:
         return False
-    if not folder.is_dir() or not {p.name for p in folder.iterdir()} <= HYDRA_ONLY:
+    unstarted = HYDRA_ONLY | (LOGGER_FOLDERS if loggers_too else set())
+    if not folder.is_dir() or not {p.name for p in folder.iterdir()} <= unstarted:
         return False
     shutil.rmtree(folder, ignore_errors=True)
+    for parent in PARENTS:  # the empty folders above it that this process created
+        with contextlib.suppress(OSError):
+            parent.rmdir()
     return not folder.exists()
+
+
+# A resume (`auto_resume=<run dir>`) writes its config to <run dir>/.hydra/resume_<time>/ and appends to the
+# run's run.log: (that folder, run.log's size before) so that a refused resume leaves the run as it was.
+RESUME_BOOKKEEPING: list[tuple[Path, Path, int]] = []
+
+
+def discard_resume_bookkeeping() -> None:
+    """A resume refused for bad input writes nothing into the run it refuses: its config folder goes, run.log
+    is cut back to what it held."""
+    while RESUME_BOOKKEEPING:
+        config_dir, log_file, size = RESUME_BOOKKEEPING.pop()
+        shutil.rmtree(config_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            if log_file.is_file() and log_file.stat().st_size > size:
+                with log_file.open("r+b") as handle:
+                    handle.truncate(size)
+
+
+def discard_refused_run(folder: str | Path | None = None, bad_input: bool = True) -> None:
+    """After a run ended with one error line: bad input leaves nothing behind (the run folder it claimed, or
+    what a resume wrote into its run); a fault of the machine keeps whatever the run had begun."""
+    if bad_input:
+        discard_resume_bookkeeping()
+    discard_unstarted_run(folder, loggers_too=bad_input)
 
 
 # use_cache: one directory per config; Hydra copies the cache into every job of a sweep.
@@ -156,6 +196,9 @@ def prepare_arguments(args: list[str], conf: Path = CONF) -> list[str]:
     given = {key for key, _ in filter(None, map(split_override, args))}
     inherited = [o for o in original_overrides(run_dir) if (split_override(o) or (o, ""))[0] not in given]
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    log_file = run_dir.resolve() / "run.log"
+    size = log_file.stat().st_size if log_file.is_file() else 0
+    RESUME_BOOKKEEPING.append((run_dir.resolve() / ".hydra" / f"resume_{stamp}", log_file, size))
     return [
         *inherited,
         *args,

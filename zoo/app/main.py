@@ -1,11 +1,15 @@
-"""The body of `python run.py`'s Hydra task: seed, print the config, run the chosen mode (zoo.app.modes),
-report the metrics; in a sweep, a failed trial is recorded and the sweep goes on (zoo.app.sweep)."""
+"""What every mode of `python run.py` shares, as one decorator (lightning-hydra-template's `task_wrapper`):
+seed, print the config when asked, run the mode, report and save its metrics, end with the next command to
+try; bad input ends as one line (exit status 2), a fault of the machine too (status 3, with how to resume);
+in a sweep, a failed trial is recorded and the sweep goes on (zoo.app.sweep)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -13,34 +17,77 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, open_dict
 
-from zoo.app.cli import discard_unstarted_run
-from zoo.app.modes import MODES, suggest_prediction
+from zoo.app.cli import discard_refused_run
+from zoo.app.hints import next_command, placement_hint
 from zoo.app.pipeline import checkpoint_dir, prepare_checkpoint, print_config_tree
 from zoo.app.reporting import EXIT_FAULT, exit_status, full_error_requested, unwrap, user_error_message
 from zoo.app.secrets import scrub_saved_config
 from zoo.app.sweep import trial_failed, trial_objective
-from zoo.errors import MachineFault, check_choice
+from zoo.errors import MachineFault
 from zoo.training.checkpoints import last_good_checkpoint_note
 
+Mode = Callable[[DictConfig], dict[str, float]]
 
-def run(cfg: DictConfig) -> dict[str, float]:
-    """Seed, check, print the config, run the chosen mode, report and save the metrics."""
+
+def task_wrapper(mode: Mode, training: bool = False) -> Callable[[DictConfig], float | None]:
+    """A mode (cfg -> metrics) as Hydra's task (cfg -> the metric named by cfg.optimized_metric, for sweepers),
+    with the failure handling of the command line around it; `training`: the mode that fits a model."""
+
+    @functools.wraps(mode)
+    def task(cfg: DictConfig) -> float | None:
+        try:
+            prepare(cfg, training)
+            metrics = mode(cfg)
+            conclude(cfg, metrics, training)
+        except Exception as error:
+            if in_sweep():
+                return trial_failed(error)  # traceback in the job's run.log and failure.txt; the sweep goes on
+            exit_with_one_line(cfg, error)
+        if in_sweep():
+            return trial_objective(cfg, metrics)  # a missing or non-finite metric is a failed trial, not a crash
+        name = cfg.get("optimized_metric")
+        return metrics.get(name) if name else None
+
+    return task
+
+
+def prepare(cfg: DictConfig, training: bool) -> None:
+    """Before any mode: secrets out of the saved config, seeds, matmul precision; the checkpoint of a mode other
+    than training checked; the config printed when asked (training prints it once the run is built)."""
     scrub_saved_config(cfg.get("paths", {}).get("output_dir"))
-    mode = cfg.get("mode", "train")
-    check_choice("mode", mode, MODES)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision(cfg.get("float32_matmul_precision", "high"))
-    if mode != "train" and cfg.get("ckpt_path") and not Path(str(cfg.ckpt_path)).expanduser().is_dir():
+    if not training and cfg.get("ckpt_path") and not Path(str(cfg.ckpt_path)).expanduser().is_dir():
         with open_dict(cfg):  # a checkpoint file; a folder written by mode=export is checked by zoo.load
             cfg.ckpt_path = prepare_checkpoint(cfg)
-    if cfg.get("print_config", True) and mode != "train":
-        print_config_tree(cfg)  # the train mode prints it once the run is built and checked (zoo.app.pipeline)
-    metrics = MODES[mode](cfg)
+    if cfg.get("print_config") and not training:
+        print_config_tree(cfg)
+
+
+def conclude(cfg: DictConfig, metrics: dict[str, float], training: bool) -> None:
+    """After any mode: the metrics reported and saved; a training run ends with the command that uses it."""
     report(cfg, metrics)
-    if mode == "train" and not in_sweep():
-        suggest_prediction(cfg)  # a ViT run ends with the command that predicts with its checkpoint
-    return metrics
+    if training and not in_sweep():
+        next_command(cfg)
+
+
+def exit_with_one_line(cfg: DictConfig, error: Exception) -> None:
+    """Bad input or a fault of the machine: `error: <one line>` on stderr and its exit status; a refused run
+    leaves nothing behind. A bug (or HYDRA_FULL_ERROR=1) keeps its traceback."""
+    message = user_error_message(error, task_overrides())
+    if message is None or full_error_requested():
+        raise error
+    message += placement_hint(unwrap(error), cfg.get("model", {}).get("_target_"))
+    output_dir = cfg.get("paths", {}).get("output_dir")
+    status = exit_status(error)
+    if status == EXIT_FAULT and output_dir and cfg.get("mode", "train") == "train" and cfg.get("train", True):
+        if not isinstance(unwrap(error), MachineFault):  # a write outside the checkpoint writer (metrics.json)
+            message += f"; {last_good_checkpoint_note(checkpoint_dir(cfg))}"
+        message += f"; once fixed, resume with: python run.py auto_resume={output_dir}"
+    discard_refused_run(output_dir, bad_input=status != EXIT_FAULT)  # refused before its first step: no folder
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(status)
 
 
 @rank_zero_only
@@ -72,29 +119,3 @@ def in_sweep() -> bool:
     from hydra.types import RunMode
 
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
-def main(cfg: DictConfig) -> float | None:
-    """run() with bad input reported as one line (exit status 2), a fault of the machine too (status 3, with
-    how to resume); HYDRA_FULL_ERROR=1 keeps the traceback. Returns cfg.optimized_metric for sweepers."""
-    try:
-        metrics = run(cfg)
-    except Exception as error:
-        if in_sweep():
-            return trial_failed(error)  # traceback logged, recorded in the job directory; the sweep goes on
-        message = user_error_message(error, task_overrides())
-        if message is None or full_error_requested():
-            raise
-        output_dir = cfg.get("paths", {}).get("output_dir")
-        status = exit_status(error)
-        if status == EXIT_FAULT and output_dir and cfg.get("mode", "train") == "train" and cfg.get("train", True):
-            if not isinstance(unwrap(error), MachineFault):  # a write outside the checkpoint writer (metrics.json)
-                message += f"; {last_good_checkpoint_note(checkpoint_dir(cfg))}"
-            message += f"; once fixed, resume with: python run.py auto_resume={output_dir}"
-        discard_unstarted_run(output_dir)  # a run refused before it started leaves no folder behind
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(status)
-    if in_sweep():
-        return trial_objective(cfg, metrics)  # a missing or non-finite metric is a failed trial, not a crash
-    name = cfg.get("optimized_metric")
-    return metrics.get(name) if name else None

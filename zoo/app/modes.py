@@ -18,23 +18,23 @@ from __future__ import annotations
 
 import csv
 import logging
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import hydra
 import torch
-from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, ListConfig
 from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from zoo.app.pipeline import checkpoint_dir, instantiate_list, train_and_test
+from zoo.app.hints import shown_path
+from zoo.app.main import task_wrapper
+from zoo.app.pipeline import instantiate_list, train_and_test
 from zoo.data.captions import encode_captions, fill_templates
 from zoo.data.parallel_text import decode_ids, encode_sources, pad_sequences
-from zoo.data.preprocessing import ImagePreprocessing, image_files
+from zoo.data.preprocessing import IMAGE_SUFFIXES, ImagePreprocessing, image_files
 from zoo.data.tokenizers import encode_text
 from zoo.errors import UsageError, check_choice, check_positive_int
 from zoo.export import (
@@ -125,12 +125,6 @@ def write_csv(path: Path, columns: Sequence[str], rows: Sequence[Sequence[Any]])
     print(f"wrote {path}")
 
 
-def shown_path(path: Path) -> str:
-    """A path as short as it can be said from here (relative when inside the working directory)."""
-    relative = os.path.relpath(path)
-    return relative if not relative.startswith("..") else str(path)
-
-
 @torch.no_grad()
 def encode_images(encode: Callable[[torch.Tensor], torch.Tensor], preprocessing: ImagePreprocessing, files) -> Any:
     """encode(images) of every file, in batches of BATCH images."""
@@ -149,25 +143,6 @@ def ranked_rows(name: str, scores: torch.Tensor, labels: Sequence[str], k: int) 
 def class_names(preprocessing: ImagePreprocessing, count: int) -> list[str]:
     names = list(preprocessing.classes)
     return names if len(names) == count else [str(i) for i in range(count)]
-
-
-# -- after training -------------------------------------------------------------------------------
-@rank_zero_only
-def suggest_prediction(cfg: DictConfig) -> None:
-    """The end of a ViT training run: a test image of each class in <run dir>/examples/ and the one command
-    that predicts them with the checkpoint the run just wrote."""
-    checkpoint = checkpoint_dir(cfg) / "last.ckpt"
-    if getattr(task_class(cfg.model._target_), "family", None) != "vit" or not checkpoint.is_file():
-        return
-    datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
-    if not hasattr(datamodule, "write_examples"):
-        return
-    examples = Path(cfg.paths.output_dir) / "examples"
-    datamodule.write_examples(examples)
-    print(
-        f"\npredict with this model ({examples.name}/ holds a test image of each class):\n"
-        f"  python run.py mode=predict ckpt_path={shown_path(checkpoint)} inputs={shown_path(examples)}"
-    )
 
 
 # -- GPT and translation --------------------------------------------------------------------------
@@ -231,6 +206,15 @@ def predict(cfg: DictConfig) -> dict[str, float]:
 
 
 # -- CLIP -----------------------------------------------------------------------------------------
+def given(cfg: DictConfig, key: str, example: str) -> Any:
+    """cfg[key], or None when it is not given (null); an explicit empty list or string is a mistake, not a
+    request for the default."""
+    value = cfg.get(key)
+    if value is not None and (value == "" or (isinstance(value, (list, ListConfig)) and not value)):
+        raise UsageError(f"{key}={'[]' if value != '' else repr(value)} is empty; give {key}={example} or leave it out")
+    return value
+
+
 def as_list(value: Any, key: str) -> list[str]:
     """A list from the command line (classes=[a,b]), or one string, or a text file with one item a line."""
     if isinstance(value, str):
@@ -251,11 +235,12 @@ def zero_shot(cfg: DictConfig) -> dict[str, float]:
     model = load_trained(cfg, "zero_shot", ("clip",))
     files = image_files(required(cfg, "inputs", "zero_shot", "<an image file, a folder of images or a glob>"))
     preprocessing = image_preprocessing(cfg, model)
-    classes = cfg.get("classes") or list(preprocessing.classes)
+    classes = given(cfg, "classes", "[<class name>,...]") or list(preprocessing.classes)
     if not classes:
         raise UsageError("mode=zero_shot needs classes=[<class name>,...] (this checkpoint has no class names)")
     classes = as_list(classes, "classes")
-    templates = as_list(cfg.get("templates") or model.settings.get("templates") or DEFAULT_TEMPLATES, "templates")
+    templates = given(cfg, "templates", '["a photo of a {label}.",...]')
+    templates = as_list(templates or model.settings.get("templates") or DEFAULT_TEMPLATES, "templates")
     prompts = [encode_captions(model.tokenizer, row) for row in fill_templates(templates, classes)]
     class_embeddings = zero_shot_classifier(model, prompts)
     image_embeddings = encode_images(model.encode_image, preprocessing, files)
@@ -276,7 +261,12 @@ def retrieve(cfg: DictConfig) -> dict[str, float]:
     model = load_trained(cfg, "retrieve", ("clip",))
     query = str(required(cfg, "query", "retrieve", '"<a caption>" (or an image file, with captions=[...])'))
     preprocessing = image_preprocessing(cfg, model)
-    if cfg.get("captions"):
+    if given(cfg, "captions", "[<caption>,...] (or a text file, one caption a line)") is None and is_image(query):
+        raise UsageError(
+            f"mode=retrieve with an image query ({query}) needs captions=[<caption>,...] (or a text file, one "
+            'caption a line) to rank; to find images for a caption, give query="<a caption>" inputs=<images>'
+        )
+    if cfg.get("captions") is not None:
         image = image_files(query, "query")
         captions = as_list(cfg.captions, "captions")
         gallery = model.encode_text(encode_captions(model.tokenizer, captions))
@@ -292,6 +282,11 @@ def retrieve(cfg: DictConfig) -> dict[str, float]:
     print_table(f"top-{k} of {len(labels)} {kind}", ["query", "rank", kind[:-1], "cosine similarity"], rows)
     write_csv(output_dir(cfg) / "retrieval.csv", ["query", "rank", kind[:-1], "score"], rows)
     return {}
+
+
+def is_image(query: str) -> bool:
+    """Whether a retrieve query names an image (a file name ending as images do) rather than a caption."""
+    return Path(query).suffix.lower() in IMAGE_SUFFIXES
 
 
 # -- attention maps -------------------------------------------------------------------------------
@@ -387,7 +382,8 @@ def attention_maps(cfg: DictConfig) -> dict[str, float]:
     for logger in loggers:
         logger.finalize("success")
     shown = model.config.image.attention if family == "clip" else model.config.attention  # CLIP: the image tower's
-    print(f"wrote {len(figures)} attention maps of the {family} model ({describe_attention(shown)}) "
+    maps = f"{len(figures)} attention map{'s' if len(figures) != 1 else ''}"
+    print(f"wrote {maps} of the {family} model ({describe_attention(shown)}) "
           f"to {shown_path(folder)}/: {', '.join(sorted(figures))}")  # fmt: skip
     return {}
 
@@ -419,13 +415,31 @@ def export(cfg: DictConfig) -> dict[str, float]:
     return {}
 
 
-MODES: dict[str, Callable[[DictConfig], dict[str, float]]] = {
-    "train": train_and_test,
-    "generate": generate,
-    "translate": translate,
-    "predict": predict,
-    "zero_shot": zero_shot,
-    "retrieve": retrieve,
-    "attention_maps": attention_maps,
-    "export": export,
+# Each mode as Hydra's task: zoo.app.main.task_wrapper seeds, reports, and turns bad input into one line.
+MODES: dict[str, Callable[[DictConfig], float | None]] = {
+    name: task_wrapper(mode, training=name == "train")
+    for name, mode in {
+        "train": train_and_test,
+        "generate": generate,
+        "translate": translate,
+        "predict": predict,
+        "zero_shot": zero_shot,
+        "retrieve": retrieve,
+        "attention_maps": attention_maps,
+        "export": export,
+    }.items()
 }
+
+
+def mode_named(name: str) -> Callable[[DictConfig], float | None]:
+    """The task `mode=<name>` runs (cfg -> the metric sweepers optimise); an unknown name gets a task that
+    refuses it in one line, as every mode refuses bad input."""
+    if name in MODES:
+        return MODES[name]
+
+    @task_wrapper
+    def unknown_mode(cfg: DictConfig) -> dict[str, float]:
+        check_choice("mode", name, MODES)
+        return {}
+
+    return unknown_mode

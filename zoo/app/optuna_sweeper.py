@@ -56,6 +56,15 @@ def optuna_distribution(dimension: Dimension) -> BaseDistribution:
     return FloatDistribution(dimension.low, dimension.high, log=dimension.log, step=dimension.step)
 
 
+def suggest(trial: optuna.Trial, key: str, distribution: BaseDistribution) -> Any:
+    """trial.suggest_* for one distribution (define-by-run: a conditional key is asked for only when it applies)."""
+    if isinstance(distribution, CategoricalDistribution):
+        return trial.suggest_categorical(key, distribution.choices)
+    if isinstance(distribution, IntDistribution):
+        return trial.suggest_int(key, distribution.low, distribution.high, step=distribution.step, log=distribution.log)
+    return trial.suggest_float(key, distribution.low, distribution.high, step=distribution.step, log=distribution.log)
+
+
 def make_sampler(config: Any, space: SearchSpace, seed_offset: int) -> optuna.samplers.BaseSampler:
     """The sampler of `config` (`_target_` + arguments); a GridSampler gets the search space as its grid."""
     settings = OmegaConf.to_container(config, resolve=True) if OmegaConf.is_config(config) else dict(config or {})
@@ -103,6 +112,7 @@ class OptunaSweeper:
         n_jobs: int,
         max_failure_rate: float,
         params: Any = None,
+        conditions: Any = None,
     ) -> None:
         if str(direction) not in DIRECTIONS:
             raise UsageError(f"unknown hydra.sweeper.direction {direction!r}; valid choices: maximize, minimize")
@@ -120,6 +130,13 @@ class OptunaSweeper:
         self.n_jobs = n_jobs
         self.max_failure_rate = float(max_failure_rate)
         self.params = OmegaConf.to_container(params, resolve=False) if OmegaConf.is_config(params) else params
+        # searched key -> {other searched key: [values]}: the key is sampled only in trials where the other key took
+        # one of those values (attention.window only for attention=local: elsewhere it would change nothing)
+        conditions = OmegaConf.to_container(conditions) if OmegaConf.is_config(conditions) else conditions
+        self.conditions: dict[str, dict[str, list[Any]]] = {
+            key: {other: list(values) for other, values in (when or {}).items()}
+            for key, when in (conditions or {}).items()
+        }
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.launcher: Any = None
@@ -137,6 +154,7 @@ class OptunaSweeper:
     def sweep(self, arguments: list[str]) -> None:
         assert self.config is not None and self.hydra_context is not None
         space = parse_search_space(self.params, arguments, self.hydra_context.config_loader)
+        self.resolve_conditions(space)
         distributions = {key: optuna_distribution(dimension) for key, dimension in space.searched.items()}
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         url = study_storage(self.storage, self.sweep_dir)
@@ -156,7 +174,7 @@ class OptunaSweeper:
         while (remaining := self.n_trials - self.finished(study)) > 0:
             size = min(self.n_jobs, remaining)
             batch, stale = stale[:size], stale[size:]
-            batch += [study.ask(distributions) for _ in range(size - len(batch))]
+            batch += [self.ask(study, distributions) for _ in range(size - len(batch))]
             resumed = {trial.number for trial in batch if trial.user_attrs.get("job_dir")}
             for trial in batch:
                 self.claim(trial)
@@ -187,12 +205,47 @@ class OptunaSweeper:
             if owner.get("host") != host or not owner.get("pid") or process_alive(int(owner["pid"])):
                 continue  # another machine's trial, or a sweep still running
             trial = optuna.Trial(study, frozen._trial_id)
-            if set(frozen.params) != set(distributions):
+            if not set(self.unconditional(distributions)) <= set(frozen.params) <= set(distributions):
                 trial.set_user_attr("error", "interrupted; the search space changed before it could run again")
                 study.tell(trial, state=TrialState.FAIL)
                 continue
             adopted.append(trial)
         return adopted
+
+    def resolve_conditions(self, space: SearchSpace) -> None:
+        """The conditions that hold in this sweep: one on a key the command line fixes (`attention=full`) is
+        settled now (the conditional key is searched in every trial, or in none: then it keeps its config value);
+        one on a key neither searched nor fixed is a one-line error."""
+        for key, when in list(self.conditions.items()):
+            if key not in space.searched:
+                del self.conditions[key]
+                continue
+            for other, values in list(when.items()):
+                if other in space.searched:
+                    continue
+                if other not in space.fixed:
+                    raise UsageError(
+                        f"hydra.sweeper.conditions names {other!r}, which this sweep neither searches nor sets; "
+                        f"searched: {', '.join(space.searched) or '(nothing)'}"
+                    )
+                fixed = space.fixed[other].split("=", 1)[-1]
+                del when[other]
+                if fixed not in [str(value) for value in values]:
+                    del space.searched[key]  # never applies: the key keeps its config value
+                    break
+            if not when or key not in space.searched:
+                del self.conditions[key]
+
+    def unconditional(self, distributions: dict[str, BaseDistribution]) -> dict[str, BaseDistribution]:
+        return {key: distribution for key, distribution in distributions.items() if key not in self.conditions}
+
+    def ask(self, study: optuna.Study, distributions: dict[str, BaseDistribution]) -> optuna.Trial:
+        """A new trial: every unconditional key sampled, then each conditional key whose condition holds."""
+        trial = study.ask(self.unconditional(distributions))
+        for key, when in self.conditions.items():
+            if all(trial.params.get(other) in values for other, values in when.items()):
+                suggest(trial, key, distributions[key])
+        return trial
 
     def claim(self, trial: optuna.Trial) -> None:
         trial.set_user_attr("sweeper", {"host": socket.gethostname(), "pid": os.getpid()})

@@ -23,7 +23,7 @@ from typing import Any
 import hydra
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ModelSummary
 from lightning.pytorch.plugins import Precision
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.tree import Tree
 
+from zoo.app.cli import keep_run_folder
 from zoo.app.devices import check_devices
 from zoo.app.optuna_sweeper import trial_callbacks
 from zoo.app.secrets import redact, redacted
@@ -93,6 +94,8 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule, L.
     for line in kernel_notices(task):  # e.g. a local window as long as the model's sequences
         log.warning(line)
     callbacks = with_safety_net(instantiate_list(cfg.get("callbacks"))) + trial_callbacks(cfg)  # Optuna pruning
+    if not cfg.trainer.get("enable_model_summary", True):  # the switch turns the configured summary off too
+        callbacks = [c for c in callbacks if not isinstance(c, ModelSummary)]
     loggers = instantiate_list(cfg.get("logger"))
     log_hydra_config(loggers, redacted(cfg))  # W&B: the resolved config of the run (secrets as ***)
     check_devices(cfg.trainer)
@@ -100,7 +103,7 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule, L.
     plugins = plugins if isinstance(plugins, list) else [plugins]
     if not any(isinstance(p, CheckpointIO) for p in plugins):
         plugins.append(AtomicCheckpointIO())
-    options = {}
+    options: dict[str, Any] = {"enable_model_summary": False}  # the configured summary callback prints it, if any
     strategy = cfg.trainer.get("strategy")
     strategy = OmegaConf.to_container(strategy) if isinstance(strategy, DictConfig) else strategy
     accelerator = str(cfg.trainer.get("accelerator") or "auto")  # Lightning's default
@@ -201,13 +204,13 @@ def train_and_test(cfg: DictConfig) -> dict[str, float]:
     # The data is read now (Lightning's own setup call then finds it done): a bad file is answered before the
     # config is printed and before any logger writes into the run directory.
     datamodule.setup("fit" if cfg.get("train", True) else "test")
-    if cfg.get("print_config", True):
+    if cfg.get("print_config") is not False:  # null (the default) or true: training shows its config
         print_config_tree(cfg)
     if cfg.get("train", True):
         if ckpt_path:
             log.info(f"resuming from {ckpt_path}")
         try:
-            with survivable_faults(trainer):
+            with kept_once_trained(trainer, cfg), survivable_faults(trainer):
                 trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         except SIGTERMException:
             sys.exit(interrupt_status(trainer))  # 128 + the signal, as if it had ended the process (after saving)
@@ -226,10 +229,7 @@ def train_and_test(cfg: DictConfig) -> dict[str, float]:
             if checkpoint.best_model_path:
                 ckpt_path = checkpoint.best_model_path
             elif cfg.get("test", True):
-                log.warning(
-                    "test_ckpt=best: no best checkpoint was saved (no validation ran during training, e.g. "
-                    "trainer.max_steps below trainer.val_check_interval); testing the final weights instead"
-                )
+                log.warning(no_best_checkpoint_note(cfg))
     if cfg.get("test", True):
         if not cfg.get("train", True) and ckpt_path is None:
             raise ValueError("train=false needs ckpt_path=<checkpoint to evaluate>")
@@ -239,9 +239,31 @@ def train_and_test(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
+def no_best_checkpoint_note(cfg: DictConfig) -> str:
+    """Why test_ckpt=best found no best checkpoint, in the words of this run."""
+    if cfg.trainer.get("fast_dev_run"):  # debug=fdr: one batch of each loop, Lightning saves no checkpoint
+        return "trainer.fast_dev_run saves no checkpoint: the test reads the weights of its one training batch"
+    return (
+        "test_ckpt=best: no best checkpoint was saved (no validation ran during training, e.g. "
+        "trainer.max_steps below trainer.val_check_interval); testing the final weights instead"
+    )
+
+
 def interrupt_status(trainer: L.Trainer) -> int:
     stopper = next((c for c in trainer.callbacks if isinstance(c, CheckpointOnInterrupt)), None)
     return stopper.exit_status() if stopper is not None else 143
+
+
+@contextmanager
+def kept_once_trained(trainer: L.Trainer, cfg: DictConfig) -> Iterator[None]:
+    """A run that took a training step keeps its folder whatever stops it (a non-finite loss at step 3 keeps
+    its logs); one refused before its first step leaves nothing (zoo.app.cli.discard_unstarted_run)."""
+    try:
+        yield
+    except BaseException:
+        if trainer.global_step > 0 and cfg.get("paths", {}).get("output_dir"):
+            keep_run_folder(cfg.paths.output_dir)
+        raise
 
 
 @contextmanager

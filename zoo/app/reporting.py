@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from omegaconf import OmegaConf
 
-from zoo.app.cli import discard_unstarted_run
+from zoo.app.cli import discard_refused_run
 from zoo.app.overrides import compose_defaults, is_group, split_override
 from zoo.errors import USER_ERRORS, MachineFault, one_line, storage_failure, storage_message
 
@@ -272,7 +272,7 @@ def reporting_errors(args: list[str] | None = None) -> Iterator[None]:
         if message is None:
             traceback.print_exc()
             sys.exit(1)
-        discard_unstarted_run()  # the directory of a run that never started
+        discard_refused_run(bad_input=exit_status(error) != EXIT_FAULT)  # a run that never started leaves nothing
         print(f"error: {message}", file=sys.stderr)
         sys.exit(exit_status(error))
     finally:

@@ -58,9 +58,19 @@ def trial_failed(error: BaseException) -> None:
         log.info("trial %s", error)
         raise error
     message = user_error_message(error) or f"{type(error).__name__}: {one_line(str(error))}".rstrip(": ")
-    log.error("trial failed, the sweep goes on: %s\n%s", message, "".join(traceback.format_exception(error)))
+    log.error("trial failed, the sweep goes on: %s", message)
+    to_log_files_only(f"the trial's traceback:\n{''.join(traceback.format_exception(error)).rstrip()}")
     (_job_dir() / FAILURE_FILE).write_text(message + "\n")
     return None
+
+
+def to_log_files_only(text: str) -> None:
+    """`text` into the job's log files (Hydra's run.log), not onto the console: a grid's console keeps one line
+    per failed job, its tracebacks are in each job's run.log."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, text, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def is_pruned(error: Any) -> bool:

@@ -91,7 +91,12 @@ def study_from_records(records: list[dict[str, Any]], overrides: list[list[str]]
             distributions[key] = FloatDistribution(float(min(seen)), float(max(seen)))
         else:
             distributions[key] = CategoricalDistribution(sorted(map(str, seen)))
-    study = optuna.create_study(direction="maximize" if mode == "max" else "minimize")
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # "A new study created in memory": a study for plots only
+    try:
+        study = optuna.create_study(direction="maximize" if mode == "max" else "minimize")
+    finally:
+        optuna.logging.set_verbosity(verbosity)
     states = {"completed": TrialState.COMPLETE, "pruned": TrialState.PRUNED}
     for record, trial_params in zip(records, params):
         state = states.get(record["status"], TrialState.FAIL)

@@ -22,6 +22,7 @@ from zoo.attention.config import AttentionConfig
 from zoo.attention.contract import HeadLayout, Kernel, TokenLayout
 from zoo.attention.positions import RotaryEmbedding, grid_positions
 from zoo.attention.registry import causal_variants, cross_attention_variants
+from zoo.errors import PlacementError
 
 
 class MultiHeadAttention(nn.Module):
@@ -84,10 +85,11 @@ class MultiHeadAttention(nn.Module):
         self.layout = layout or TokenLayout()
         self.kernel: Kernel = config.build_kernel()
         if causal and not self.kernel.supports_causal:
-            raise ValueError(
+            raise PlacementError(
                 f"attention variant {self.variant!r} is bidirectional only, and this self-attention is causal "
-                f"(GPT, CLIP's text tower, the translation decoder); valid choices: {causal_variants()}"
-            )
+                f"(GPT, CLIP's text tower, the translation decoder); valid choices: {causal_variants()}",
+                "variant", self.variant, needs="bidirectional",
+            )  # fmt: skip
         self.kernel.setup(self.layout)
         self.kernel.setup_heads(HeadLayout(num_heads, kv_heads, self.head_dim))
         grid = self.layout.grid if config.rope else None
@@ -102,10 +104,11 @@ class MultiHeadAttention(nn.Module):
         else:
             self.positions = None
         if config.position_bias is not None and self.layout.grid is not None:
-            raise ValueError(
+            raise PlacementError(
                 f"attention.position_bias={config.position_bias!r} biases distances along a token sequence; "
-                "a patch grid (ViT) takes attention.rope=true for its 2-D positions"
-            )
+                "a patch grid (ViT) takes attention.rope=true for its 2-D positions",
+                "position_bias", config.position_bias, needs="sequence",
+            )  # fmt: skip
         if shared_bias is not None and config.position_bias is None:
             raise ValueError("a shared position bias was given, but attention.position_bias is null")
         # A shared module is registered in every layer that uses it, like tied weights.

@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy
 
 from zoo.data.tokenizers import tokenizer_from_string, tokenizer_to_string
-from zoo.errors import CheckpointError
+from zoo.errors import AttentionPlacement, CheckpointError
 from zoo.tasks.optim import build_optimizer, lr_multiplier
 from zoo.training.checkpoints import check_weights
 from zoo.weights import checkpoint_identity, identity
@@ -27,6 +27,9 @@ class ZooTask(L.LightningModule):
     """
 
     family: ClassVar[str] = ""  # the model family: vit, gpt, translation, clip, sequence_classifier (model=<family>)
+    # Where the family's attentions are and how to set an option in one of them: what an error about an attention
+    # variant or position option that does not fit names instead (zoo.errors.PlacementError).
+    attention_placements: ClassVar[tuple[AttentionPlacement, ...]] = ()
     net: torch.nn.Module
     tokenizer: Any = None  # text tasks: a Hugging Face tokenizer, kept in every checkpoint as JSON
 

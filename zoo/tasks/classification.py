@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import torchmetrics
 from torchvision.transforms import v2
 
-from zoo.errors import check_non_negative
+from zoo.errors import AttentionPlacement, check_non_negative
 from zoo.models.sequence_classifier import SequenceClassifier, SequenceClassifierConfig
 from zoo.models.vit import ViT, ViTConfig, vit_from_pretrained
 from zoo.tasks.base import ZooTask
@@ -119,7 +119,9 @@ class ClassificationTask(ZooTask):
         """Loss (mean over the epoch's samples) and accuracy of `stage`, over all ranks' samples, then reset."""
         for name, kind in ((loss_name, "loss"), (f"{stage}/acc", "acc")):
             metric = getattr(self, f"{stage}_{kind}")
-            self.log(name, metric.compute(), prog_bar=True)
+            # compute() already gathered every rank's samples: the same value on each rank, so the mean that
+            # sync_dist takes changes nothing (and Lightning stops asking for it under DDP)
+            self.log(name, metric.compute(), prog_bar=True, sync_dist=True)
             metric.reset()
 
     def on_train_epoch_end(self) -> None:
@@ -139,6 +141,9 @@ class ClassificationTask(ZooTask):
 
 class ImageClassificationTask(ClassificationTask):
     family = "vit"
+    attention_placements = (
+        AttentionPlacement("every self-attention", "attention.{option}={value}", causal=False, grid=True),
+    )
     mixes_inputs = True
 
     def build_net(self, net: dict[str, Any], pretrained: str | None) -> ViT:
@@ -157,6 +162,9 @@ class SequenceClassificationTask(ClassificationTask):
     """Token sequences (B, T) int64 -> one of num_classes: the long-range tasks (conf/experiment/lra_*.yaml)."""
 
     family = "sequence_classifier"
+    attention_placements = (
+        AttentionPlacement("every self-attention", "attention.{option}={value}", causal=False, grid=False),
+    )
 
     def build_net(self, net: dict[str, Any], pretrained: str | None) -> SequenceClassifier:
         if pretrained:

@@ -15,6 +15,7 @@ import torchmetrics
 from tokenizers import Tokenizer
 
 from zoo.data.captions import CaptionDataModule, encode_captions, end_of_text_id
+from zoo.errors import AttentionPlacement
 from zoo.models.clip import CLIP, CLIPConfig
 from zoo.tasks.base import ZooTask
 from zoo.tasks.clip_evaluation import retrieval_metrics, similarity_figure, zero_shot_classifier
@@ -29,6 +30,14 @@ class CLIPTask(ZooTask):
     images (one per class where there are classes) the similarity picture shows."""
 
     family = "clip"
+    attention_placements = (
+        AttentionPlacement(
+            "the image tower", "model.net.attention=null +model.net.image.attention.{option}={value}", False, True
+        ),
+        AttentionPlacement(
+            "the text tower", "model.net.attention=null +model.net.text.attention.{option}={value}", True, False
+        ),
+    )
 
     def __init__(
         self,
@@ -43,10 +52,15 @@ class CLIPTask(ZooTask):
         self.save_hyperparameters()
         self.tokenizer: Tokenizer | None = None
         if pretrained:
-            self.net = CLIP.from_pretrained(pretrained, attention=net.get("attention"))
             tokenizer_file = Path(pretrained) if Path(pretrained).is_dir() else Path(pretrained).parent
-            if (tokenizer_file / "tokenizer.json").is_file():
-                self.tokenizer = Tokenizer.from_file(str(tokenizer_file / "tokenizer.json"))
+            if Path(pretrained).exists() and not (tokenizer_file / "tokenizer.json").is_file():
+                # the model's token ids mean nothing to a tokenizer trained on this run's captions
+                raise ValueError(
+                    f"model.pretrained={pretrained!r}: no tokenizer.json in {tokenizer_file}; save the processor "
+                    "there too: CLIPProcessor.from_pretrained(<name>).save_pretrained(<that folder>)"
+                )
+            self.net = CLIP.from_pretrained(pretrained, attention=net.get("attention"))
+            self.tokenizer = Tokenizer.from_file(str(tokenizer_file / "tokenizer.json"))
             # Checkpoints then describe the imported architecture themselves and reload without the file.
             self.hparams["net"], self.hparams["pretrained"] = self.net.config.to_dict(), None
         else:

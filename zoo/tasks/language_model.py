@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from tokenizers import Tokenizer
 
 from zoo.data.tokenizers import encode_text, tokenizer_kind, tokenizer_to_string
+from zoo.errors import AttentionPlacement
 from zoo.models.gpt import GPT, GPTConfig, SamplingConfig
 from zoo.tasks.base import ZooTask
 from zoo.training.loggers import log_text_table
@@ -33,6 +34,9 @@ class LanguageModelTask(ZooTask):
     validation {prompt, seed, max_new_tokens, temperature, top_k, top_p} (max_new_tokens 0: none)."""
 
     family = "gpt"
+    attention_placements = (
+        AttentionPlacement("every self-attention", "attention.{option}={value}", causal=True, grid=False),
+    )
 
     def __init__(
         self,
@@ -133,8 +137,8 @@ class LanguageModelTask(ZooTask):
     def _log_loss_and_perplexity(self, stage: str, metric: torchmetrics.MeanMetric) -> None:
         loss = metric.compute()
         metric.reset()
-        self.log(f"{stage}/loss", loss, prog_bar=True)
-        self.log(f"{stage}/ppl", torch.exp(loss))
+        self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=True)  # the same on every rank (compute() gathered)
+        self.log(f"{stage}/ppl", torch.exp(loss), sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
         self._log_loss_and_perplexity("val", self.val_loss)

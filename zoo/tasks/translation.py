@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from zoo.data.parallel_text import decode_ids
 from zoo.data.tokenizers import BOS, EOS, PAD
-from zoo.errors import DataError
+from zoo.errors import AttentionPlacement, DataError
 from zoo.models.translation import TranslationConfig, TranslationTransformer, beam_search, greedy_decode
 from zoo.tasks.base import ZooTask
 from zoo.training.loggers import heatmap_figure, log_image, log_text_table
@@ -79,6 +79,12 @@ def alignment_figure(
 
 class TranslationTask(ZooTask):
     family = "translation"
+    attention_placements = (
+        AttentionPlacement(
+            "the encoder's self-attention", "model.net.encoder_attention={{{option}:{value}}}", False, False
+        ),
+        AttentionPlacement("encoder and decoder self-attention", "attention.{option}={value}", causal=True, grid=False),
+    )
 
     def __init__(
         self,

@@ -17,15 +17,17 @@ import random
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichModelSummary, RichProgressBar
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.model_summary.model_summary import get_formatted_model_size, get_human_readable_count
 
 from zoo.errors import NonFiniteLossError
 from zoo.training.checkpoints import last_good_checkpoint_note
@@ -237,3 +239,54 @@ def requeue_slurm_job(trainer: L.Trainer) -> str | None:
 @rank_zero_only
 def report_interrupt(reason: str, step: int, path: Path, note: str) -> None:
     print(f"interrupted by {reason} at step {step}: saved {path}; {note}", file=sys.stderr)
+
+
+class ModelSummary(RichModelSummary):
+    """Lightning's rich model summary with what it can say truly: no FLOPs column (Lightning counts FLOPs only
+    for a model with an example_input_array, and shows 0 otherwise), and the parameter size in MB read at 32 bits
+    without a warning under mixed precision (the weights are fp32 there; autocast computes in bf16/fp16)."""
+
+    def _summary(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Any:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Precision .* is not supported by the model summary")
+            return super()._summary(trainer, pl_module)
+
+    @staticmethod
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **summarize_kwargs: Any,
+    ) -> None:
+        from rich import get_console
+        from rich.table import Table
+
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
+        table = Table(header_style=summarize_kwargs.get("header_style", "bold magenta"))
+        for name, _ in columns:
+            table.add_column(name, justify="right" if name in ("Params", "In sizes", "Out sizes") else "left")
+        for row in zip(*(values for _, values in columns)):
+            table.add_row(*row)
+        console = get_console()
+        console.print(table)
+        frozen = total_parameters - trainable_parameters
+        console.print(
+            f"[bold]Trainable params[/]: {get_human_readable_count(int(trainable_parameters))}  "
+            f"[bold]Non-trainable params[/]: {get_human_readable_count(int(frozen))}  "
+            f"[bold]Size (MB)[/]: {get_formatted_model_size(model_size)}"
+        )
+
+
+class ProgressBar(RichProgressBar):
+    """Lightning's rich progress bar, without a bogus total: a run bounded by steps (max_epochs=-1, as GPT's
+    random blocks) reads "Steps of 600" rather than "Epoch 0/-2"."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        max_epochs = self.trainer.max_epochs
+        if max_epochs is not None and max_epochs >= 0:
+            return super()._get_train_description(current_epoch)
+        description = f"Steps of {self.trainer.max_steps}" if self.trainer.max_steps > 0 else f"Epoch {current_epoch}"
+        return f"{description:{len(self.validation_description)}}"

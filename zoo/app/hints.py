@@ -1,0 +1,98 @@
+"""What zoo suggests next: the command that uses a training run's checkpoint (one per model family), and where
+an attention option that cannot go where it was put fits instead (`placement_hint`).
+
+vit          a test image of each class in <run dir>/examples/, and the `mode=predict` command for them
+clip         the same images, and the `mode=zero_shot` command that classifies them by class name
+gpt          the `mode=generate` command
+translation  the `mode=translate` command
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import hydra
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig
+
+import zoo.tasks.classification  # noqa: F401  (every family's task, for model_families)
+import zoo.tasks.clip  # noqa: F401
+import zoo.tasks.language_model  # noqa: F401
+import zoo.tasks.translation  # noqa: F401
+from zoo.app.pipeline import checkpoint_dir
+from zoo.errors import PlacementError
+from zoo.tasks.base import ZooTask
+from zoo.training.checkpoints import task_class
+
+
+def shown_path(path: Path) -> str:
+    """A path as short as it can be said from here (relative when inside the working directory)."""
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith("..") else str(path)
+
+
+def write_examples(cfg: DictConfig) -> Path | None:
+    """<run dir>/examples/: the first test image of each class (image data with class names), else None."""
+    datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
+    images = datamodule if hasattr(datamodule, "write_examples") else getattr(datamodule, "images", None)
+    if not hasattr(images, "write_examples"):
+        return None
+    folder = Path(cfg.paths.output_dir) / "examples"
+    images.write_examples(folder)
+    return folder
+
+
+@rank_zero_only
+def next_command(cfg: DictConfig) -> None:
+    """The end of a training run: the one command that tries the checkpoint it wrote."""
+    checkpoint = checkpoint_dir(cfg) / "last.ckpt"
+    family = getattr(task_class(cfg.model._target_), "family", None)
+    if not checkpoint.is_file():
+        return
+    start = f"python run.py model={family} ckpt_path={shown_path(checkpoint)}"
+    if family in ("vit", "clip") and (examples := write_examples(cfg)) is not None:
+        mode = "predict" if family == "vit" else "zero_shot"
+        what = "predict with this model" if family == "vit" else "classify by class name with this model"
+        held = f"{examples.name}/ holds a test image of each class"
+        print(f"\n{what} ({held}):\n  {start} mode={mode} inputs={shown_path(examples)}")
+    elif family == "gpt":
+        print(f'\ngenerate text with this model:\n  {start} mode=generate prompt="ROMEO:" max_new_tokens=200')
+    elif family == "translation":
+        print(f'\ntranslate with this model:\n  {start} mode=translate text="ein Mann fährt Fahrrad."')
+
+
+NEEDS = {"bidirectional": "non-causal", "sequence": "token-sequence"}
+
+
+def model_families() -> list[type[ZooTask]]:
+    """The task of every model family (the classes of zoo.tasks that name a family)."""
+    found, pending = [], list(ZooTask.__subclasses__())
+    while pending:
+        task = pending.pop(0)
+        pending += task.__subclasses__()
+        if task.family and task.family not in {t.family for t in found}:
+            found.append(task)
+    return sorted(found, key=lambda task: task.family)
+
+
+def placement_hint(error: BaseException, target: str | None) -> str:
+    """For an attention option that cannot go where it was put (zoo.errors.PlacementError): the placement of
+    this model family that takes it, or else the families that do; "" for any other error. Reads what each
+    family declares (ZooTask.attention_placements), so a new variant or family needs nothing here."""
+    if not isinstance(error, PlacementError) or error.needs not in NEEDS:
+        return ""
+    option, value = error.option, error.value
+    family = getattr(task_class(target), "family", None) if target else None
+    fitting = {task.family: [p for p in task.attention_placements if p.takes(error.needs)] for task in model_families()}
+    here = fitting.get(family or "", [])
+    if here:
+        ways = " or ".join(f"{p.command(option, value)} ({p.where})" for p in here)
+        return f"; in model={family} it fits {ways}"
+    elsewhere = [
+        f"model={name}" + ("" if places[0].where == "every self-attention" else f" ({places[0].where})")
+        for name, places in fitting.items()
+        if places
+    ]
+    what = f"model={family} has no {NEEDS[error.needs]} attention" if family else "it needs another model"
+    return f"; {what}; {option}={value} fits {', '.join(elsewhere)}"
