@@ -281,6 +281,25 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def seed_summary(results: dict[str, dict]) -> str:
+    """Per model (runs named <model>_s<seed>) and method: the mean AUC over seeds and its range."""
+    by_model: dict[str, list[dict]] = {}
+    for run, methods in results.items():
+        by_model.setdefault(run.rsplit("_s", 1)[0], []).append(methods)
+    lines = [
+        "| model | seeds | method | deletion AUC mean (range) | insertion AUC mean (range) |",
+        "|---|---|---|---|---|",
+    ]
+    for model, seeds in by_model.items():
+        for method in seeds[0]:
+            cells = []
+            for name in ("deletion", "insertion"):
+                values = [seed[method][name]["auc"] for seed in seeds]
+                cells.append(f"{np.mean(values):.3f} ({min(values):.3f}-{max(values):.3f})")
+            lines.append(f"| {model} | {len(seeds)} | {method} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
 def plot(results: dict[str, dict], path: Path) -> None:
     runs = list(results)
     figure = Figure(figsize=(3.6 * len(runs), 6.4), dpi=100, layout="constrained")
@@ -297,6 +316,25 @@ def plot(results: dict[str, dict], path: Path) -> None:
     figure.savefig(path)
 
 
+def example_figure(probe: Probe, image: torch.Tensor, results: dict, path: Path, steps: int) -> None:
+    """One test image and every method's map of it, each titled with the method's AUCs over the test images:
+    a map and its faithfulness side by side (docs/explain.md)."""
+    inputs = probe.inputs(image[None])
+    figure = Figure(figsize=(2.3 * (len(METHODS) + 1), 2.9), dpi=100, layout="constrained")
+    panels = figure.subplots(1, len(METHODS) + 1)
+    panels[0].imshow(image[0].numpy(), cmap="gray")
+    panels[0].set(title="input", xticks=[], yticks=[])
+    for panel, method in zip(panels[1:], METHODS):
+        scores = attribute(probe.subject, inputs, method, steps=steps)[0]
+        side = int(round(scores.numel() ** 0.5))
+        panel.imshow(scores.reshape(side, side).numpy(), cmap="inferno")
+        row = results[method]
+        panel.set(
+            xticks=[], yticks=[], title=f"{method}\ndel {row['deletion']['auc']:.2f} ins {row['insertion']['auc']:.2f}"
+        )
+    figure.savefig(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -306,9 +344,19 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "faithfulness", help="training runs")
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "results")
     parser.add_argument("--quick", action="store_true", help="untrained tiny models, 8 images, 4 steps")
+    parser.add_argument("--merge", nargs="+", type=Path, help="faithfulness.json files: combine, do not measure")
     parser.add_argument("--short", type=int, default=0, help="train here for this many batches, not with run.py")
     args = parser.parse_args()
     torch.set_num_threads(1)  # a shared machine; the batches here are small
+    if args.merge:
+        loaded = [json.loads(path.read_text()) for path in args.merge]
+        results = {run: row for part in loaded for run, row in part["results"].items()}
+        settings = {"merged": [str(path) for path in args.merge], "parts": [part["settings"] for part in loaded]}
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "faithfulness.json").write_text(json.dumps({"settings": settings, "results": results}, indent=1))
+        plot(results, args.out / "faithfulness.png")
+        print(table(results), seed_summary(results), sep="\n\n")
+        return
     runs = [(name, seed) for seed in args.seeds for name in args.models]
     if args.quick:
         models = quick_models()
@@ -329,6 +377,8 @@ def main() -> None:
                 "short": args.short, "accuracy": accuracies}  # fmt: skip
     (args.out / "faithfulness.json").write_text(json.dumps({"settings": settings, "results": results}, indent=1))
     plot(results, args.out / "faithfulness.png")
+    first = next(iter(models))
+    example_figure(Probe(models[first]), pixels[0], results[first], args.out / "faithfulness_example.png", args.steps)
     print(table(results))
     print(f"wrote {args.out / 'faithfulness.json'} and {args.out / 'faithfulness.png'}")
 
