@@ -300,13 +300,20 @@ def seed_summary(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict[str, dict], path: Path) -> None:
+def plot(results: dict[str, dict], path: Path, columns: int = 5) -> None:
+    """Per run, its deletion curves above its insertion curves, `columns` runs a row."""
     runs = list(results)
-    figure = Figure(figsize=(3.6 * len(runs), 6.4), dpi=100, layout="constrained")
-    axes = np.asarray(figure.subplots(2, len(runs), squeeze=False))
-    for column, run in enumerate(runs):
+    columns = min(columns, len(runs))
+    blocks = -(-len(runs) // columns)
+    figure = Figure(figsize=(3.6 * columns, 6.4 * blocks), dpi=80, layout="constrained")
+    axes = np.asarray(figure.subplots(2 * blocks, columns, squeeze=False))
+    for panel in axes.ravel():
+        panel.set_visible(False)
+    for index, run in enumerate(runs):
+        block, column = divmod(index, columns)
         for row, name in enumerate(("deletion", "insertion")):
-            panel = axes[row, column]
+            panel = axes[2 * block + row, column]
+            panel.set_visible(True)
             for method, values in results[run].items():
                 style = ":" if method == "random" else "-"
                 panel.plot(FRACTIONS, values[name]["curve"], style, label=f"{method} ({values[name]['auc']:.2f})")
