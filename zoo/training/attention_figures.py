@@ -129,6 +129,8 @@ def attribution_figure(image: torch.Tensor, scores: torch.Tensor, method: str, t
     left.set(title="input", xlabel="x (pixels)", ylabel="y (pixels)")
     shown = middle.imshow(values.numpy(), interpolation="nearest", **scale)
     middle.set(title=method, xlabel="patch column", ylabel="patch row")
+    middle.set_xticks(range(values.shape[1]))
+    middle.set_yticks(range(values.shape[0]))
     figure.colorbar(shown, ax=middle, fraction=0.046, pad=0.04, label="relevance")
     right.imshow(picture, cmap=cmap)
     overlay = right.imshow(upsampled.numpy(), alpha=0.55, **scale)
