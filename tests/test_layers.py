@@ -24,7 +24,8 @@ ALLOWED = {
     "training": {"errors", "weights"},
     "tasks": {"errors", "weights", "attention", "nn", "models", "data", "training"},
     "export": {"errors", "weights", "attention", "nn", "models", "data"},  # zoo.load: pure torch, no Lightning
-    "app": {"errors", "weights", "attention", "nn", "models", "data", "training", "tasks", "export"},
+    "explain": {"errors", "attention", "nn", "models"},  # attribution math on the models: usable from a notebook
+    "app": {"errors", "weights", "attention", "nn", "models", "data", "training", "tasks", "export", "explain"},
 }
 
 

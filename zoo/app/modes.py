@@ -7,6 +7,7 @@ predict         top-k classes of images                                      mod
 zero_shot       probabilities of class names (prompt templates) per image   model=clip
 retrieve        images for a text query, or captions for an image query     model=clip
 attention_maps  attention of every family, as PNGs (and to the loggers)      vit, clip, gpt, translation
+explain         attribution maps (attention, rollout, gradients) per image   vit, clip, sequence_classifier
 export          a self-contained folder: safetensors | onnx | huggingface    every model (onnx: all but translation
                                                                              and clip; huggingface: gpt)
 
@@ -29,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
+from zoo.app.explain import chosen_method, explain_files
 from zoo.app.hints import shown_path
 from zoo.app.main import task_wrapper
 from zoo.app.pipeline import instantiate_list, train_and_test
@@ -37,6 +39,7 @@ from zoo.data.parallel_text import decode_ids, encode_sources, pad_sequences
 from zoo.data.preprocessing import IMAGE_SUFFIXES, ImagePreprocessing, image_files
 from zoo.data.tokenizers import encode_text
 from zoo.errors import UsageError, check_choice, check_positive_int
+from zoo.explain import EXPLAINABLE_FAMILIES
 from zoo.export import (
     FAMILIES,
     ONNX_FILE,
@@ -388,6 +391,16 @@ def attention_maps(cfg: DictConfig) -> dict[str, float]:
     return {}
 
 
+def explain(cfg: DictConfig) -> dict[str, float]:
+    """`mode=explain method=<zoo.explain.METHODS> inputs=<images>`: each image's attribution map, a PNG and its
+    scores (.npy) in <run dir>/explain/ (zoo/app/explain.py; CLIP: against caption= or the class prompts)."""
+    chosen_method(cfg)
+    model = load_trained(cfg, "explain", EXPLAINABLE_FAMILIES)
+    files = image_files(required(cfg, "inputs", "explain", "<an image file, a folder of images or a glob>"))
+    preprocessing = image_preprocessing(cfg, model) if family_of(model) in ("vit", "clip") else None
+    return explain_files(cfg, model, files, preprocessing, output_dir(cfg) / "explain")
+
+
 # -- export ---------------------------------------------------------------------------------------
 def export(cfg: DictConfig) -> dict[str, float]:
     """`mode=export format=safetensors|onnx|huggingface`: <run dir>/export/, loadable without Hydra or
@@ -426,6 +439,7 @@ MODES: dict[str, Callable[[DictConfig], float | None]] = {
         "zero_shot": zero_shot,
         "retrieve": retrieve,
         "attention_maps": attention_maps,
+        "explain": explain,
         "export": export,
     }.items()
 }

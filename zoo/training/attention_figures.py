@@ -109,3 +109,33 @@ def token_attention_figure(weights: torch.Tensor, tokens: Sequence[str], title: 
     if title:
         figure.suptitle(title)
     return figure
+
+
+def attribution_figure(image: torch.Tensor, scores: torch.Tensor, method: str, title: str = "") -> Figure:
+    """The image, an attribution method's scores on the patch grid, and the scores overlaid (mode=explain).
+
+    image (C, H, W); scores (rows, cols), higher = more evidence for the class. Signed scores (gradient
+    methods) get a diverging scale centred on zero, so that evidence against the class reads as blue."""
+    values = scores.detach().float().cpu()
+    picture, cmap = _display(image)
+    height, width = picture.shape[:2]
+    upsampled = F.interpolate(values[None, None], size=(height, width), mode="nearest")[0, 0]
+    signed = bool(values.min() < 0)
+    vmax = float(values.abs().max()) or 1.0
+    scale = dict(cmap=SIGNED_CMAP, vmin=-vmax, vmax=vmax) if signed else dict(cmap=ATTENTION_CMAP, vmin=0.0)
+    figure = Figure(figsize=(11.0, 3.8), dpi=100, layout="constrained")
+    left, middle, right = figure.subplots(1, 3)
+    left.imshow(picture, cmap=cmap)
+    left.set(title="input", xlabel="x (pixels)", ylabel="y (pixels)")
+    shown = middle.imshow(values.numpy(), interpolation="nearest", **scale)
+    middle.set(title=method, xlabel="patch column", ylabel="patch row")
+    middle.set_xticks(range(values.shape[1]))
+    middle.set_yticks(range(values.shape[0]))
+    figure.colorbar(shown, ax=middle, fraction=0.046, pad=0.04, label="relevance")
+    right.imshow(picture, cmap=cmap)
+    overlay = right.imshow(upsampled.numpy(), alpha=0.55, **scale)
+    right.set(title="overlay", xlabel="x (pixels)", ylabel="y (pixels)")
+    figure.colorbar(overlay, ax=right, fraction=0.046, pad=0.04, label="relevance")
+    if title:
+        figure.suptitle(title)
+    return figure
