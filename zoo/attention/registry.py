@@ -10,6 +10,8 @@
             position bias
     compressed  keys and values projected along the sequence to k rows (Linformer, Wang et al. 2020),
             O(n k); bidirectional only, no decoding
+    routing the keys of the query's k-means cluster, chunked (Roy et al. 2021); O(n chunk); KVCache
+    lsh     Reformer's shared-QK LSH attention, hashes rounds of sorted buckets (Kitaev et al. 2020); KVCache
 
 A new variant is a Kernel subclass in its own file, one line here and one conf/attention/<name>.yaml.
 """
@@ -24,6 +26,8 @@ from zoo.attention.contract import Kernel
 from zoo.attention.full import FullAttention
 from zoo.attention.linear import LinearAttention
 from zoo.attention.local import LocalAttention
+from zoo.attention.lsh import LSHAttention
+from zoo.attention.routing import RoutingAttention
 from zoo.attention.sparse import SparseAttention
 
 VARIANTS: dict[str, type[Kernel]] = {
@@ -33,6 +37,8 @@ VARIANTS: dict[str, type[Kernel]] = {
     "sparse": SparseAttention,
     "axial": AxialAttention,
     "compressed": CompressedAttention,
+    "routing": RoutingAttention,
+    "lsh": LSHAttention,
 }
 
 
