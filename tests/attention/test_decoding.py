@@ -18,6 +18,8 @@ VARIANTS = [  # (variant, options)
     ("sparse", {"stride": 3}),
     ("sparse", {"pattern": "fixed", "stride": 4, "summary": 2}),
     ("axial", {"row_length": 4}),
+    ("routing", {"clusters": 3}),
+    ("lsh", {"hashes": 2, "buckets": 4}),
 ]
 PATTERN_VARIANTS = [case for case in VARIANTS if case[0] in ("sparse", "axial")]
 

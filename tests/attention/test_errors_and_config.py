@@ -24,7 +24,7 @@ def one_line_error(build, *fragments: str) -> None:
         assert fragment in message, message
 
 
-ALL = "['axial', 'compressed', 'full', 'linear', 'local', 'sparse']"
+ALL = "['axial', 'compressed', 'full', 'linear', 'local', 'lsh', 'routing', 'sparse']"
 
 
 def test_unknown_variant_names_the_choices() -> None:
@@ -59,6 +59,8 @@ DROPOUT_CASES = {  # variant: (options, causal)
     "sparse": ({"stride": 3}, True),
     "axial": ({"row_length": 4}, True),
     "compressed": ({"compressed_length": 6}, False),
+    "routing": ({"clusters": 3, "chunk_size": 4}, True),
+    "lsh": ({"buckets": 2, "chunk_size": 4}, True),
 }
 
 
@@ -80,6 +82,8 @@ def test_attention_dropout_is_active_in_training_and_unbiased(variant: str, bloc
     x = torch.randn(1, 12, 16)
     expected = module.eval()(x)
     module.train()
+    if variant == "lsh":  # its seeded hashes, as in eval (training draws fresh ones); dropout follows the module
+        module.kernel.eval()
     samples = module(x.expand(600, 12, 16))  # 600 independent draws, one per batch row
     assert not torch.allclose(samples[0], samples[1])
     assert not torch.allclose(samples[0], expected[0])
@@ -121,12 +125,13 @@ def test_every_variant_keeps_the_parameter_names_so_checkpoints_switch_variant()
         result = module.load_state_dict(full, strict=False)
         assert not result.unexpected_keys
         extra = ["kernel.key_projection", "kernel.value_projection"] if variant == "compressed" else []
+        extra = ["kernel.centroids"] if variant == "routing" else extra  # a fresh k-means start
         assert sorted(result.missing_keys) == extra, variant  # the compressed kernel adds its projections
         torch.testing.assert_close(module.in_proj.weight, full["in_proj.weight"])
 
 
 def test_position_bias_errors_name_the_choices() -> None:
-    takers = "['axial', 'full', 'local', 'sparse']"
+    takers = "['axial', 'full', 'local', 'lsh', 'routing', 'sparse']"
     one_line_error(lambda: AttentionConfig(variant="linear", position_bias="alibi"), "'alibi'", takers)
     one_line_error(lambda: AttentionConfig(position_bias="rotary"), "'rotary'", "alibi, t5")
     one_line_error(lambda: AttentionConfig(position_bias="t5", num_buckets=2), "num_buckets", "2")
