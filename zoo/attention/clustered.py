@@ -31,7 +31,7 @@ from zoo.attention.contract import ScoreBias
 
 def cluster_slots(clusters: torch.Tensor, num_clusters: int, chunk: int) -> tuple[torch.Tensor, int]:
     """(N, n) cluster ids in [0, num_clusters) -> each token's slot (N, n) in the clusters' runs padded to whole
-    chunks, and the number of slots (a bound for every row: (ceil(n / chunk) + num_clusters) * chunk)."""
+    chunks, and the number of slots: the most any row needs, at most (ceil(n / chunk) + num_clusters) * chunk."""
     rows, length = clusters.shape
     positions = torch.arange(length, device=clusters.device)
     order = (clusters * length + positions).argsort(dim=-1)  # tokens by (cluster, position)
@@ -43,7 +43,8 @@ def cluster_slots(clusters: torch.Tensor, num_clusters: int, chunk: int) -> tupl
     rank = positions - run_start.gather(1, sorted_clusters)
     slot_sorted = (chunk_start.gather(1, sorted_clusters) + rank // chunk) * chunk + rank % chunk
     slots = torch.empty_like(clusters).scatter_(1, order, slot_sorted)
-    return slots, (-(-length // chunk) + num_clusters) * chunk
+    chunks = int((-(-counts // chunk)).sum(dim=1).max())  # the most any row needs (one host sync)
+    return slots, chunks * chunk
 
 
 def cluster_ranks(clusters: torch.Tensor, num_clusters: int) -> torch.Tensor:
@@ -95,7 +96,12 @@ def clustered_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k, v (B, H, n, D) (heads already expanded), clusters (B, H, n) -> out (B, H, n, D) and the log-sum-exp
     of each query's scores (B, H, n; -inf where it has no key, and its output is zero). `no_self`: Reformer's rule
-    (a token attends to itself only when nothing else is allowed)."""
+    (a token attends to itself only when nothing else is allowed).
+
+    A chunk holds tokens of one cluster in position order, its real slots first; so the mask is the same
+    structure in every chunk (the previous chunk whole, if it is the same cluster's; the own chunk under the
+    causal triangle) less the empty and padded keys, and the number of keys a query sees is a count, not a
+    search: one additive (chunks, C, 2C) mask, one batched matmul with it, the softmax by its log-sum-exp."""
     batch, heads, length, dim = q.shape
     rows = batch * heads
     slots, total = cluster_slots(clusters.reshape(rows, length), num_clusters, chunk)
@@ -112,34 +118,51 @@ def clustered_attention(
         return torch.cat([previous, x], dim=2)
 
     queries, keys, values = lay_out(q), with_previous(lay_out(k), 0.0), with_previous(lay_out(v), 0.0)
-    query_positions = token_at.view(rows, -1, chunk)  # (N, M, C), -1: an empty slot
-    key_positions = with_previous(query_positions, -1)  # (N, M, 2C)
-    cluster_of = clusters.reshape(rows, length).gather(1, index).masked_fill(token_at < 0, -1).view(rows, -1, chunk)
-    key_clusters = with_previous(cluster_of, -1)
-    allowed = (key_clusters[:, :, None, :] == cluster_of[..., None]) & (key_positions >= 0)[:, :, None, :]
-    if causal:
-        allowed = allowed & (key_positions[:, :, None, :] <= query_positions[..., None])
+    real = (token_at >= 0).view(rows, -1, chunk)  # (N, M, C)
+    usable = real
     if key_padding_mask is not None:
         padded = key_padding_mask.bool()[:, None, :].expand(batch, heads, length).reshape(rows, length)
-        allowed = (
-            allowed & ~padded.gather(1, key_positions.clamp(min=0).flatten(1)).view(key_positions.shape)[:, :, None, :]
-        )
+        usable = real & ~padded.gather(1, index).view(real.shape)
+    chunk_cluster = clusters.reshape(rows, length).gather(1, index[:, ::chunk])  # (N, M): a chunk's one cluster
+    same_as_previous = torch.zeros_like(real[..., 0])
+    same_as_previous[:, 1:] = (chunk_cluster[:, 1:] == chunk_cluster[:, :-1]) & real[:, :-1, 0]
+    previous_usable = torch.cat([torch.zeros_like(usable[:, :1]), usable[:, :-1]], dim=1) & same_as_previous[..., None]
+    # Keys a query may see: the previous chunk's usable ones, and its own chunk's (up to itself when causal).
+    own = usable.cumsum(dim=-1) if causal else usable.sum(dim=-1, keepdim=True).expand(usable.shape)
+    count = previous_usable.sum(dim=-1, keepdim=True) + own  # (N, M, C), itself included when usable
     if no_self:
-        allowed = exclude_self(allowed, key_positions[:, :, None, :] == query_positions[..., None])
-    scores = queries @ keys.transpose(-2, -1) * (1.0 / math.sqrt(dim))  # (N, M, C, 2C)
+        others = count - usable.long()
+        self_blocked = usable & (others > 0)
+        count = count - self_blocked.long()
+    has_key = count > 0
+    dtype = q.dtype
+    key_mask = torch.zeros(rows, real.shape[1], 2 * chunk, dtype=dtype, device=q.device)
+    key_mask.masked_fill_(~torch.cat([previous_usable, usable], dim=-1), float("-inf"))
+    mask = key_mask[:, :, None, :].expand(rows, real.shape[1], chunk, 2 * chunk)
+    if causal:
+        triangle = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+        structure = torch.zeros(chunk, 2 * chunk, dtype=dtype, device=q.device)
+        structure[:, chunk:].masked_fill_(~triangle, float("-inf"))
+        mask = mask + structure
+    else:
+        mask = mask.clone()
+    if no_self:
+        mask[..., chunk:].diagonal(dim1=-2, dim2=-1).masked_fill_(self_blocked, float("-inf"))
+    mask.masked_fill_(~has_key[..., None], 0.0)  # rows without keys: finite scores, zeroed below
     if bias is not None:
-        scores = scores + _head_bias(bias, query_positions.clamp(min=0), key_positions.clamp(min=0), heads).to(
-            scores.dtype
-        )
-    has_key = allowed.any(dim=-1, keepdim=True)
-    # Rows without keys are unmasked before the log-sum-exp and zeroed after: no NaN in values or gradients.
-    scores = scores.masked_fill(~(allowed | ~has_key), float("-inf"))
+        query_positions = token_at.view(rows, -1, chunk)
+        key_positions = with_previous(query_positions, -1)
+        mask = mask + _head_bias(bias, query_positions.clamp(min=0), key_positions.clamp(min=0), heads).to(dtype)
+    scale = 1.0 / math.sqrt(dim)
+    scores = torch.baddbmm(
+        mask.flatten(0, 1), queries.flatten(0, 1), keys.flatten(0, 1).transpose(1, 2), alpha=scale
+    ).view(mask.shape)  # (N, M, C, 2C)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-    probs = torch.exp(scores - lse).masked_fill(~has_key, 0.0)
+    probs = torch.exp(scores - lse)
     if dropout_p > 0.0:
         probs = F.dropout(probs, p=dropout_p)
-    out = (probs @ values).view(rows, total, dim)
-    lse = lse.masked_fill(~has_key, float("-inf")).view(rows, total)
+    out = (probs @ values).masked_fill(~has_key[..., None], 0.0).view(rows, total, dim)
+    lse = lse[..., 0].masked_fill(~has_key, float("-inf")).view(rows, total)
     out = out.gather(1, slots[..., None].expand(rows, length, dim)).view(batch, heads, length, dim)
     return out, lse.gather(1, slots).view(batch, heads, length)
 
