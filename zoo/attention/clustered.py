@@ -93,10 +93,11 @@ def clustered_attention(
     dropout_p: float = 0.0,
     bias: ScoreBias | None = None,
     no_self: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q, k, v (B, H, n, D) (heads already expanded), clusters (B, H, n) -> out (B, H, n, D) and the log-sum-exp
-    of each query's scores (B, H, n; -inf where it has no key, and its output is zero). `no_self`: Reformer's rule
-    (a token attends to itself only when nothing else is allowed).
+    need_lse: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q, k, v (B, H, n, D) (heads already expanded), clusters (B, H, n) -> out (B, H, n, D) and, with `need_lse`,
+    the log-sum-exp of each query's scores (B, H, n; -inf where it has no key, and its output is zero). `no_self`:
+    Reformer's rule (a token attends to itself only when nothing else is allowed).
 
     A chunk holds tokens of one cluster in position order, its real slots first; so the mask is the same
     structure in every chunk (the previous chunk whole, if it is the same cluster's; the own chunk under the
@@ -157,13 +158,14 @@ def clustered_attention(
     scores = torch.baddbmm(
         mask.flatten(0, 1), queries.flatten(0, 1), keys.flatten(0, 1).transpose(1, 2), alpha=scale
     ).view(mask.shape)  # (N, M, C, 2C)
-    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-    probs = torch.exp(scores - lse)
+    probs = torch.softmax(scores, dim=-1)  # one fused pass; the log-sum-exp apart, only where asked
     if dropout_p > 0.0:
         probs = F.dropout(probs, p=dropout_p)
     out = (probs @ values).masked_fill(~has_key[..., None], 0.0).view(rows, total, dim)
-    lse = lse[..., 0].masked_fill(~has_key, float("-inf")).view(rows, total)
     out = out.gather(1, slots[..., None].expand(rows, length, dim)).view(batch, heads, length, dim)
+    if not need_lse:
+        return out, None
+    lse = torch.logsumexp(scores, dim=-1).masked_fill(~has_key, float("-inf")).view(rows, total)
     return out, lse.gather(1, slots).view(batch, heads, length)
 
 

@@ -122,7 +122,7 @@ class RoutingAttention(Kernel):
         if need_weights:
             out, weights, _ = dense_clustered_attention(q, k, v, clusters, self.num_clusters, self.chunk, **options)
             return out, weights
-        out, _ = clustered_attention(q, k, v, clusters, self.num_clusters, self.chunk, **options)
+        out, _ = clustered_attention(q, k, v, clusters, self.num_clusters, self.chunk, **options, need_lse=False)
         return out, None
 
     def new_cache(self) -> KVCache:
