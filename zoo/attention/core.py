@@ -86,7 +86,9 @@ class MultiHeadAttention(nn.Module):
         if causal and not self.kernel.supports_causal:
             raise ValueError(
                 f"attention variant {self.variant!r} is bidirectional only, and this self-attention is causal "
-                f"(GPT, CLIP's text tower, the translation decoder); valid choices: {causal_variants()}"
+                f"(GPT, CLIP's text tower, the translation decoder); valid choices: {causal_variants()}; it fits "
+                f"bidirectional attention: in translation's encoder only, model.net.encoder_attention="
+                f"{{variant:{self.variant}}}"
             )
         self.kernel.setup(self.layout)
         self.kernel.setup_heads(HeadLayout(num_heads, kv_heads, self.head_dim))
