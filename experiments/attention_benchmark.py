@@ -17,6 +17,11 @@ to 8192), on the CPU and, when present, CUDA. Causal rows:
     local-kernel, linear-kernel, sparse-kernel, fixed-kernel, axial-kernel   those variants' kernels alone
                 on ready (B, H, T, D) tensors, as bare sdpa: the issues' kernel targets compare these with sdpa
                 (the modules add the same projections as the full module around it)
+    routing     variant routing (Roy et al. 2021), clusters ceil(sqrt(n_max)), chunks of n_max / clusters
+    lsh         variant lsh (Kitaev et al. 2020), 4 hashing rounds, chunks of 64, n_max / 64 buckets
+    local-global, sparse-global   local and sparse (strided) as above with global_tokens=16 (Longformer / BigBird)
+    routing-kernel, lsh-kernel, local-global-kernel, sparse-global-kernel   their kernels alone, on ready tensors
+                (n_max: the longest length of the run; give one length per run for n_max = n)
     local-flex  (--flex) variant local's kernel through compiled FlexAttention (backend flex), forward only:
                 FlexAttention has no CPU backward; compiled once per length (~30 s each, not timed)
 
@@ -67,9 +72,12 @@ from zoo.attention.blockwise import DENSE_MAX_LENGTH  # noqa: E402
 nan = float("nan")
 HEADS, HEAD_DIM, WINDOW = 4, 64, 256
 STRIDE, SUMMARY, ROW_LENGTH, COMPRESSED_LENGTH = 128, 16, 128, 256
+GLOBAL_TOKENS, LSH_HASHES, LSH_CHUNK = 16, 4, 64
 DIM = HEADS * HEAD_DIM
 CAUSAL_ROWS = ["sdpa", "sdpa+proj", "full", "rope", "local", "linear", "sparse", "fixed", "axial"]
+CAUSAL_ROWS += ["routing", "lsh", "local-global", "sparse-global"]
 KERNEL_ROWS = ["local-kernel", "linear-kernel", "sparse-kernel", "fixed-kernel", "axial-kernel"]
+KERNEL_ROWS += ["routing-kernel", "lsh-kernel", "local-global-kernel", "sparse-global-kernel"]
 BIDIRECTIONAL_ROWS = ["sdpa-bidir", "full-bidir", "compressed", "compressed-kernel"]
 ROWS = CAUSAL_ROWS + KERNEL_ROWS + BIDIRECTIONAL_ROWS
 FORWARD_ONLY = ("local-flex",)  # rows without a backward (on the CPU)
@@ -103,6 +111,24 @@ def build_rows(
             DIM, HEADS, variant="sparse", pattern="fixed", stride=STRIDE, summary=SUMMARY, causal=True
         ),
         "axial": MultiHeadAttention(DIM, HEADS, variant="axial", row_length=ROW_LENGTH, causal=True),
+        "routing": MultiHeadAttention(
+            DIM, HEADS, variant="routing", causal=True, layout=TokenLayout(max_length=max_length)
+        ),
+        "lsh": MultiHeadAttention(
+            DIM,
+            HEADS,
+            variant="lsh",
+            hashes=LSH_HASHES,
+            chunk_size=LSH_CHUNK,
+            causal=True,
+            layout=TokenLayout(max_length=max_length),
+        ),
+        "local-global": MultiHeadAttention(
+            DIM, HEADS, variant="local", window=WINDOW, global_tokens=GLOBAL_TOKENS, causal=True
+        ),
+        "sparse-global": MultiHeadAttention(
+            DIM, HEADS, variant="sparse", stride=STRIDE, global_tokens=GLOBAL_TOKENS, causal=True
+        ),
         "full-bidir": MultiHeadAttention(DIM, HEADS),
         "compressed": MultiHeadAttention(
             DIM,
@@ -115,7 +141,10 @@ def build_rows(
     modules = {name: module.to(device, dtype) for name, module in modules.items()}
     in_proj = torch.nn.Linear(DIM, 3 * DIM).to(device, dtype)
     out_proj = torch.nn.Linear(DIM, DIM).to(device, dtype)
-    kernels = {f"{name}-kernel": modules[name].kernel for name in ("local", "linear", "sparse", "fixed", "axial")}
+    kernels = {
+        f"{name}-kernel": modules[name].kernel
+        for name in ("local", "linear", "sparse", "fixed", "axial", "routing", "lsh", "local-global", "sparse-global")
+    }
     kernels["compressed-kernel"] = modules["compressed"].kernel
     flex_local = AttentionConfig(variant="local", window=WINDOW, backend="flex").build_kernel()
 

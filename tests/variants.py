@@ -22,10 +22,12 @@ def kernel_cases(
     cross_attention: bool = False,
     position_bias: bool = False,
     decoding: bool = False,
+    grouped: bool = False,
     first_only: bool = False,
 ) -> list[tuple[str, dict[str, Any]]]:
     """(variant, options) of every registered kernel and each of its example options (its first only with
-    first_only), for the kernels that have every capability asked for (decoding: causal and a cache)."""
+    first_only), for the kernels that have every capability asked for (decoding: causal and a cache; grouped: grouped
+    key/value heads equal to the repeated heads)."""
     cases = []
     for name, kernel in registry.VARIANTS.items():
         wanted = (
@@ -33,6 +35,7 @@ def kernel_cases(
             and (not cross_attention or kernel.supports_cross_attention)
             and (not position_bias or kernel.supports_position_bias)
             and (not decoding or (kernel.supports_causal and kernel.supports_decoding))
+            and (not grouped or kernel.groups_as_repeated_heads)
         )
         if wanted:
             examples = kernel.example_options[:1] if first_only else kernel.example_options

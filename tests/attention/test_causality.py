@@ -20,7 +20,7 @@ def test_future_tokens_change_no_earlier_output(variant: str, options: dict, blo
     if blockwise:
         use_blockwise_path(monkeypatch, fused=True)
     torch.manual_seed(0)
-    module = MultiHeadAttention(32, 4, variant=variant, causal=True, rope=True, **options)
+    module = MultiHeadAttention(32, 4, variant=variant, causal=True, rope=True, **options).eval()  # one draw (lsh)
     x = torch.randn(2, 40, 32, requires_grad=True)
     changed = x.detach().clone()
     changed[:, 25:] = torch.randn(2, 15, 32)

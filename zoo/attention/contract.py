@@ -136,6 +136,9 @@ class Kernel(nn.Module):
     supports_causal: ClassVar[bool] = True
     supports_position_bias: ClassVar[bool] = False
     supports_decoding: ClassVar[bool] = True  # False: new_cache raises a one-line error saying why
+    # Grouped key/value heads compute what the repeated heads would (Llama's repeat_kv) and caches keep G heads;
+    # False where a kernel keeps state per key/value head (routing's centroids) or keys are the queries (lsh).
+    groups_as_repeated_heads: ClassVar[bool] = True
     backends: ClassVar[tuple[str, ...]] = ()
     # A few tiny option sets, small enough to matter on sequences of ~10-40 tokens: the suite's generic tests
     # (causality, padding, grouped heads, dropout, decoding, ... : tests/variants.py) run the kernel with each.

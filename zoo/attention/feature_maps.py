@@ -52,12 +52,16 @@ def orthogonal_random_features(
 ) -> torch.Tensor:
     """(num_features, dim) random rows w_i: orthogonal within each block of `dim` rows (QR of a Gaussian
     matrix), each rescaled to the norm of an independent N(0, I_dim) vector, so every row is marginally
-    Gaussian (Choromanski et al. 2021, section 4.3). Drawn in float32 on the CPU (reproducible per seed)."""
+    Gaussian (Choromanski et al. 2021, section 4.3). Drawn in float32 on the CPU (reproducible per seed).
+
+    QR's Q is Haar-distributed (a uniformly random rotation) only with the signs fixed by R's diagonal
+    (Mezzadri 2007): LAPACK makes diag(R) negative, so the raw Q's rows point to one side and the estimate of
+    exp(q . k) is biased (tests/attention/test_favor_unbiased.py)."""
     blocks = []
     for _ in range(-(-num_features // dim)):
         gaussian = torch.randn(dim, dim, generator=generator)
-        q, _ = torch.linalg.qr(gaussian)
-        blocks.append(q.T)
+        q, r = torch.linalg.qr(gaussian)
+        blocks.append((q * torch.sign(torch.diagonal(r))).T)
     rows = torch.cat(blocks)[:num_features]
     norms = torch.randn(num_features, dim, generator=generator).norm(dim=1, keepdim=True)
     return (rows * norms).to(device)
@@ -66,13 +70,17 @@ def orthogonal_random_features(
 def favor_feature_map(x: torch.Tensor, projection: torch.Tensor, is_query: bool) -> torch.Tensor:
     """FAVOR+ positive random features of x (..., d) with projection (m, d) -> (..., m).
 
-    Each query row is divided by its largest feature (Performer's stabiliser), which the normalisation of
-    linear attention cancels exactly. Keys are not stabilised: Performer's constant, the largest key feature,
-    would change from one decoding step to the next; unstabilised key features stay below their bound
-    exp(|w_i|^2 / 2), which float32 holds for any head_dim up to ~128 (|w_i|^2 ~ head_dim).
+    The features are Lemma 1's, unscaled, so that linear attention's normaliser phi(q) . z + eps is the
+    formula's: dividing a query row by its largest feature (Performer's stabiliser) leaves the ratio unchanged
+    only without eps, and with eps it moved the first causal rows (few keys, small phi(q) . z) off the formula.
+    A query row is scaled down only where its largest feature would pass a quarter of the dtype's exponent
+    range (phi(q) . phi(k) summed over many keys must stay finite); there the normaliser dwarfs eps anyway.
+    Keys are not stabilised: unscaled key features stay below their bound exp(|w_i|^2 / 2), which float32
+    holds for any head_dim up to ~128 (|w_i|^2 ~ head_dim).
     """
     x = x * x.shape[-1] ** -0.25
     logits = x @ projection.to(x.dtype).T - (x * x).sum(-1, keepdim=True) / 2  # w_i . x' - |x'|^2 / 2
     if is_query:
-        logits = logits - logits.amax(dim=-1, keepdim=True).detach()
+        limit = math.log(torch.finfo(logits.dtype).max) / 4
+        logits = logits - (logits.amax(dim=-1, keepdim=True).detach() - limit).clamp(min=0.0)
     return logits.exp() / math.sqrt(projection.shape[0])

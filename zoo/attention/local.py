@@ -7,6 +7,9 @@ memory: no (n, n) tensor is ever allocated. A position bias (zoo/attention/contr
 query block, for that block's keys only; grouped key/value heads stay grouped (SDPA's enable_gqa). On the
 CPU without key padding, dropout or a learned bias, the fast path (zoo/attention/fast/band.py) runs the same
 blocks through the fused kernel a chunk at a time, with O(n) forward+backward memory.
+
+`global_tokens` adds Longformer's global tokens (the first g attend to all, all to them): the band and the
+global rows and columns as disjoint blockwise parts (zoo/attention/global_tokens.py), decoded with a full cache.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from zoo.attention.blockwise import DENSE_MAX_LENGTH, blocked_windows
-from zoo.attention.cache import RollingKVCache, new_tokens_padding
+from zoo.attention.blockwise import DENSE_MAX_LENGTH, Part, Rows, blocked_windows
+from zoo.attention.cache import KVCache, RollingKVCache, new_tokens_padding
 from zoo.attention.contract import Kernel, ScoreBias
 from zoo.attention.fast import band as fast_band
 from zoo.attention.fast import use_fast_kernels
 from zoo.attention.flex import flex_pattern_attention, resolve_backend
 from zoo.attention.functional import additive_mask, dot_product_attention, evaluate_bias, masked_attention, sdpa
+from zoo.attention.global_tokens import GlobalTokenPattern, check_count
 from zoo.errors import check_positive_int
 
 # Queries per block, chosen by measurement (`experiments/attention_benchmark.py --rows local`; figures in
@@ -190,6 +194,15 @@ def sliding_window_attention(
     return out[:, :, k_len - q_len :], None
 
 
+def _band_parts(length: int, causal: bool, *, window: int, block: int) -> list[Part]:
+    """The band as one blockwise part (blocks of `block` queries, each with its window of keys), for the pattern
+    kernels' union (zoo/attention/blockwise.py); global tokens add theirs to it."""
+    rows = Rows(0, length, min(block, length))
+    gather, key_positions = rows.windows(*_band_extent(window, causal, length))
+    allowed = band(rows.positions()[:, :, None], key_positions[:, None, :], window, causal)
+    return [Part(rows, gather, key_positions, allowed)]
+
+
 class LocalAttention(Kernel):
     """Sliding-window attention with a rolling cache of `window` keys for decoding.
 
@@ -197,7 +210,8 @@ class LocalAttention(Kernel):
     the measured defaults, fast.band.FORWARD_BLOCK_SIZE in the fast path's forward and DEFAULT_BLOCK_SIZE
     elsewhere). Backends (attention.backend): blockwise (the CPU's auto; up to DENSE_MAX_LENGTH keys, as the
     pattern kernels, the dense band mask), flex (CUDA's auto; zoo/attention/flex.py), sdpa (one SDPA call under
-    the dense band mask).
+    the dense band mask). `global_tokens` (g: Longformer's global tokens, the first g attending to all and all to
+    them; decoding then keeps every key).
     """
 
     name = "local"
@@ -206,12 +220,23 @@ class LocalAttention(Kernel):
     backends = ("blockwise", "flex", "sdpa")
     example_options = ({"window": 5, "chunk_size": 4}, {"window": 64})
 
-    def __init__(self, *, window: int = 256, chunk_size: int | None = None) -> None:
+    def __init__(self, *, window: int = 256, chunk_size: int | None = None, global_tokens: int = 0) -> None:
         super().__init__()
         check_positive_int("attention.window (variant 'local')", window)
         check_positive_int("attention.chunk_size", chunk_size, allow_none=True)
+        check_count("attention.global_tokens (variant 'local')", global_tokens)
         self.window = window
         self.chunk_size = chunk_size  # None: the measured defaults
+        self.global_tokens = global_tokens
+        if global_tokens:  # the band + global tokens through the pattern kernels' blocks
+            pattern = functools.partial(band, window=window)
+            parts = functools.partial(_band_parts, window=window, block=chunk_size or DEFAULT_BLOCK_SIZE)
+            self.global_pattern = GlobalTokenPattern(self.name, pattern, parts, global_tokens)
+
+    def use_backend(self, backend: str) -> None:
+        super().use_backend(backend)
+        if self.global_tokens:
+            self.global_pattern.use_backend(backend)
 
     def notice(self) -> str | None:
         """A window that reaches every token of the model's sequences both ways (window // 2 >= length - 1: the
@@ -236,6 +261,11 @@ class LocalAttention(Kernel):
         need_weights: bool = False,
         bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.global_tokens:
+            return self.global_pattern(
+                q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
+                need_weights=need_weights, bias=bias,
+            )  # fmt: skip
         backend = resolve_backend(self.name, self.backend, q, k, dropout_p, bias, need_weights)
         if backend == "flex":
             pattern = functools.partial(band, window=self.window, causal=causal)
@@ -250,8 +280,8 @@ class LocalAttention(Kernel):
             need_weights=need_weights, block_size=self.chunk_size, bias=bias, dense=dense,
         )  # fmt: skip
 
-    def new_cache(self) -> RollingKVCache:
-        return RollingKVCache(self.window)
+    def new_cache(self) -> RollingKVCache | KVCache:
+        return KVCache() if self.global_tokens else RollingKVCache(self.window)
 
     def decode(
         self,
@@ -266,8 +296,12 @@ class LocalAttention(Kernel):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Causal: new queries (B, H, t, D) see the last window - 1 cached keys and themselves.
 
-        Weights, if asked, cover the attended keys only: (B, H, t, kept + t).
+        Weights, if asked, cover the attended keys only: (B, H, t, kept + t); with global tokens, every key.
         """
+        if self.global_tokens:
+            return self.global_pattern.decode(
+                q, k, v, cache, key_padding_mask=key_padding_mask, need_weights=need_weights, bias=bias
+            )
         keys, values, padding = cache.extend(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
         return sliding_window_attention(
             q, keys, values, self.window, causal=True, key_padding_mask=padding,

@@ -10,6 +10,8 @@
             position bias
     compressed  keys and values projected along the sequence to k rows (Linformer, Wang et al. 2020),
             O(n k); bidirectional only, no decoding
+    routing the keys of the query's k-means cluster, chunked (Roy et al. 2021); O(n chunk); KVCache
+    lsh     Reformer's shared-QK LSH attention, hashes rounds of sorted buckets (Kitaev et al. 2020); KVCache
 
 A new variant is a Kernel subclass in its own file (with its `example_options`), one line here and one
 conf/attention/<name>.yaml of its options (the shared settings come from conf/attention/base/settings.yaml):
@@ -26,6 +28,8 @@ from zoo.attention.contract import Kernel
 from zoo.attention.full import FullAttention
 from zoo.attention.linear import LinearAttention
 from zoo.attention.local import LocalAttention
+from zoo.attention.lsh import LSHAttention
+from zoo.attention.routing import RoutingAttention
 from zoo.attention.sparse import SparseAttention
 
 VARIANTS: dict[str, type[Kernel]] = {
@@ -35,6 +39,8 @@ VARIANTS: dict[str, type[Kernel]] = {
     "sparse": SparseAttention,
     "axial": AxialAttention,
     "compressed": CompressedAttention,
+    "routing": RoutingAttention,
+    "lsh": LSHAttention,
 }
 
 

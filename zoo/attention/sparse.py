@@ -11,16 +11,28 @@ paper's (every block's summaries, also later ones). Both parts share one softmax
 attention). Computed blockwise (zoo/attention/blockwise.py): strided as a band of l keys around blocks of
 queries plus the columns of the sequence folded into rows of l; fixed as blocks of l plus the summaries.
 At l ~ sqrt(n) that is O(n sqrt(n)) time and memory; no (n, n) tensor is made.
+
+`global_tokens` and `random_keys` add Longformer's / BigBird's global tokens and BigBird's random keys per
+block of l queries to either pattern (zoo/attention/global_tokens.py).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from zoo.attention.blockwise import Columns, Part, Rows, select
 from zoo.attention.contract import TokenLayout
+from zoo.attention.flex import resolve_backend
+from zoo.attention.global_tokens import (
+    check_count,
+    global_allowed,
+    random_allowed,
+    random_key_table,
+    with_global_and_random_parts,
+)
 from zoo.attention.pattern import PatternKernel
 from zoo.errors import check_choice, check_positive_int
 
@@ -32,14 +44,33 @@ class SparseAttention(PatternKernel):
     """Strided or fixed sparse attention with a KVCache for decoding.
 
     Options: `pattern` (strided | fixed), `stride` (l; None: ceil(sqrt(max_length)) of the model),
-    `summary` (fixed only: summary positions per block; None: max(1, stride // 8)).
+    `summary` (fixed only: summary positions per block; None: max(1, stride // 8)), `global_tokens` (g: the
+    first g tokens attend to all and all to them), `random_keys` (r: BigBird's random keys per block of l
+    queries, fixed by a seed; not with backend flex).
     """
 
     name = "sparse"
-    example_options = ({"stride": 3}, {"pattern": "fixed", "stride": 4, "summary": 2})
+    example_options = (
+        {"stride": 3},
+        {"pattern": "fixed", "stride": 4, "summary": 2},
+        {"stride": 4, "global_tokens": 2, "random_keys": 2},
+    )
 
-    def __init__(self, *, pattern: str = "strided", stride: int | None = None, summary: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        pattern: str = "strided",
+        stride: int | None = None,
+        summary: int | None = None,
+        global_tokens: int = 0,
+        random_keys: int = 0,
+    ) -> None:
         super().__init__()
+        check_count("attention.global_tokens (variant 'sparse')", global_tokens)
+        check_count("attention.random_keys (variant 'sparse')", random_keys)
+        self.global_tokens = global_tokens
+        self.random_keys = random_keys
+        self._random_tables: dict = {}  # (length, causal) -> random_key_table
         check_choice("attention.pattern (variant 'sparse')", pattern, PATTERNS)
         check_positive_int("attention.stride (variant 'sparse')", stride, allow_none=True)
         check_positive_int("attention.summary (variant 'sparse')", summary, allow_none=True)
@@ -67,9 +98,63 @@ class SparseAttention(PatternKernel):
 
     def extra_repr(self) -> str:
         fixed = f", summary={self.summaries}" if self.pattern == "fixed" else ""
-        return f"pattern={self.pattern}, stride={self.step}{fixed}"
+        extra = f", global_tokens={self.global_tokens}" if self.global_tokens else ""
+        extra += f", random_keys={self.random_keys}" if self.random_keys else ""
+        return f"pattern={self.pattern}, stride={self.step}{fixed}{extra}"
+
+    def use_backend(self, backend: str) -> None:
+        if backend == "flex" and self.random_keys:
+            raise ValueError(
+                f"attention.backend='flex' has no random keys (attention.random_keys={self.random_keys}); use "
+                "backend auto, blockwise or sdpa"
+            )
+        super().use_backend(backend)
+
+    def forward(self, q, k, v, *, causal=False, key_padding_mask=None, dropout_p=0.0, need_weights=False, bias=None):
+        if not self.random_keys:
+            return super().forward(
+                q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
+                need_weights=need_weights, bias=bias,
+            )  # fmt: skip
+        # Random keys are a table, not a function of positions: the blocks (or the dense mask), never flex.
+        backend = "sdpa" if self.backend == "sdpa" else "blockwise"
+        resolve_backend(self.name, backend, q, k, dropout_p, bias, need_weights)  # checks self-attention
+        return self._attend(q, k, v, causal, key_padding_mask, dropout_p, need_weights, bias, backend == "sdpa")
+
+    def random_table(self, length: int, causal: bool) -> torch.Tensor:
+        """BigBird's random keys of every query block for `length` tokens (kept for a few lengths)."""
+        key = (length, causal)
+        if key not in self._random_tables:
+            if len(self._random_tables) >= 8:
+                self._random_tables.pop(next(iter(self._random_tables)))
+            self._random_tables[key] = random_key_table(length, self.step, self.random_keys, causal)
+        return self._random_tables[key]
 
     def allowed(self, query_positions: torch.Tensor, key_positions: torch.Tensor, causal: bool) -> torch.Tensor:
+        """The pattern with its global tokens (the random keys need the length: `dense_mask`)."""
+        allowed = self.pattern_allowed(query_positions, key_positions, causal)
+        if not self.global_tokens:
+            return allowed
+        return global_allowed(allowed, query_positions, key_positions, self.global_tokens, causal)
+
+    def dense_mask(self, q_len: int, k_len: int, causal: bool, device: torch.device) -> torch.Tensor:
+        allowed = super().dense_mask(q_len, k_len, causal, device)
+        if not self.random_keys:
+            return allowed
+        rows = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+        columns = torch.arange(k_len, device=device)[None, :]
+        extra = random_allowed(self.random_table(k_len, causal), self.step, rows, columns)
+        return allowed | (extra & (columns <= rows) if causal else extra)
+
+    def parts(self, length: int, causal: bool) -> list[Part]:
+        parts = self.pattern_parts(length, causal)
+        if not self.global_tokens and not self.random_keys:
+            return parts
+        table = self.random_table(length, causal) if self.random_keys else None
+        pattern = functools.partial(self.pattern_allowed, causal=causal)
+        return with_global_and_random_parts(parts, pattern, length, self.global_tokens, causal, table, self.step)
+
+    def pattern_allowed(self, query_positions: torch.Tensor, key_positions: torch.Tensor, causal: bool) -> torch.Tensor:
         stride, distance = self.step, query_positions - key_positions
         if self.pattern == "strided":
             allowed = (distance.abs() < stride) | (distance % stride == 0)
@@ -78,7 +163,7 @@ class SparseAttention(PatternKernel):
             allowed = same_block | (key_positions % stride >= stride - self.summaries)
         return allowed & (distance >= 0) if causal else allowed
 
-    def parts(self, length: int, causal: bool) -> list[Part]:
+    def pattern_parts(self, length: int, causal: bool) -> list[Part]:
         stride = self.step
         if self.pattern == "strided":
             # The band |d| < l around blocks of queries, then every l-th key further away: the column of

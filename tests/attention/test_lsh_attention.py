@@ -1,0 +1,150 @@
+"""LSH attention (Kitaev et al. 2020): given the hashes, each round is softmax attention under the mask the
+definition gives (built here with loops: same bucket, own or previous chunk of the bucket's run, causal, no
+self unless nothing else), and the rounds combine by their log-sum-exps, written densely here; outputs and
+input gradients at 1e-5 (fp32) / 1e-10 (fp64). The hash of a rotated vector; fresh hashes in training, seeded
+in evaluation; causality; decoding equals the forward."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from zoo.attention import MultiHeadAttention, TokenLayout
+from zoo.attention.lsh import LSHAttention, lsh_buckets
+
+from .helpers import random_padding
+from .test_routing_attention import chunked_cluster_mask
+
+
+def lsh_kernel(hashes: int, buckets: int, chunk: int) -> LSHAttention:
+    kernel = LSHAttention(hashes=hashes, buckets=buckets, chunk_size=chunk, seed=5)
+    kernel.setup(TokenLayout())
+    return kernel.eval()
+
+
+def textbook_buckets(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+    """Andoni et al. 2015 / Reformer eq. 3: h(x) = argmax([xR; -xR]), per round and head, with loops over rounds."""
+    rounds = []
+    for rotation in rotations:  # (H, D, b / 2)
+        rotated = x @ rotation[None]  # (B, H, n, b / 2)
+        rounds.append(torch.cat([rotated, -rotated], dim=-1).argmax(dim=-1))
+    return torch.stack(rounds)
+
+
+def dense_multi_round_lsh(q, v, buckets, chunk, causal, padding):
+    """Reformer's multi-round LSH attention written densely: per round r the mask P_r (same bucket, own or
+    previous chunk, causal, padding, self only if nothing else), out_r = softmax(q k^T / sqrt(d) + P_r) v with
+    k = q / |q|, lse_r = logsumexp of the row; out = sum_r exp(lse_r - logsumexp_r(lse_r)) out_r."""
+    batch, heads, length, dim = q.shape
+    k = q / q.norm(dim=-1, keepdim=True)
+    groups = heads // v.shape[1]
+    v = v.repeat_interleave(groups, dim=1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(dim)
+    outs, lses = [], []
+    for round_buckets in buckets:
+        mask = torch.zeros(batch, heads, length, length, dtype=torch.bool)
+        for b in range(batch):
+            for h in range(heads):
+                allowed = chunked_cluster_mask(round_buckets[b, h].tolist(), chunk, causal)
+                if padding is not None:
+                    allowed &= ~padding[b][None, :]
+                for i in range(length):
+                    others = allowed[i].clone()
+                    others[i] = False
+                    if others.any():
+                        allowed[i, i] = False
+                mask[b, h] = allowed
+        masked = scores.masked_fill(~mask, float("-inf"))
+        lse = torch.logsumexp(masked, dim=-1)
+        probs = torch.exp(masked - lse[..., None]).nan_to_num(0.0)
+        outs.append(probs @ v)
+        lses.append(lse)
+    lses = torch.stack(lses)
+    weights = torch.exp(lses - torch.logsumexp(lses, dim=0)).nan_to_num(0.0)
+    return (weights[..., None] * torch.stack(outs)).sum(dim=0)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("padded", [False, True])
+def test_lsh_matches_the_dense_multi_round_formula(dtype, tolerance, causal, padded) -> None:
+    kernel = lsh_kernel(hashes=3, buckets=4, chunk=4)
+    generator = torch.Generator().manual_seed(11)
+    length = 27
+    q = torch.randn(2, 4, length, 8, generator=generator, dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 2, length, 8, generator=generator, dtype=dtype)  # unused: shared QK
+    v = torch.randn(2, 2, length, 8, generator=generator, dtype=dtype, requires_grad=True)
+    padding = random_padding(2, length, generator, left=causal) if padded else None
+    out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding)
+    rotations = kernel.rotations(4, 8, q.device).to(dtype)
+    buckets = textbook_buckets(q.detach(), rotations)
+    torch.testing.assert_close(lsh_buckets(q.detach(), rotations), buckets)
+    expected = dense_multi_round_lsh(q, v, buckets, 4, causal, padding)
+    torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
+    grad = torch.randn(out.shape, generator=generator, dtype=dtype)
+    for got, want in zip(torch.autograd.grad(out, (q, v), grad), torch.autograd.grad(expected, (q, v), grad)):
+        torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+    dense, weights = kernel(q, k, v, causal=causal, key_padding_mask=padding, need_weights=True)
+    torch.testing.assert_close(dense, expected, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(weights @ v.repeat_interleave(2, dim=1), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_hash_of_a_rotated_vector() -> None:
+    """A vector along rotation column c hashes to bucket c, its negation to c + b / 2; positive scale and adding a
+    component orthogonal to every column change nothing."""
+    rotations = torch.zeros(1, 1, 4, 2)
+    rotations[0, 0, 0, 0] = 1.0  # column 0 along e1
+    rotations[0, 0, 1, 1] = 1.0  # column 1 along e2
+    x = torch.tensor([[3.0, 0.5, 0.0, 0.0], [0.2, -2.0, 0.0, 0.0], [-1.0, 0.1, 0.0, 0.0], [0.3, 1.0, 5.0, -5.0]])
+    assert lsh_buckets(x[None, None], rotations).flatten().tolist() == [0, 3, 2, 1]
+    assert lsh_buckets(7 * x[None, None], rotations).flatten().tolist() == [0, 3, 2, 1]
+
+
+def test_fresh_hashes_in_training_fixed_by_the_seed_in_evaluation() -> None:
+    kernel = lsh_kernel(hashes=2, buckets=4, chunk=4)
+    assert torch.equal(kernel.rotations(2, 8, torch.device("cpu")), kernel.rotations(2, 8, torch.device("cpu")))
+    kernel.train()
+    assert not torch.equal(kernel.rotations(2, 8, torch.device("cpu")), kernel.rotations(2, 8, torch.device("cpu")))
+
+
+def test_a_token_attends_to_itself_only_when_nothing_else_is_visible() -> None:
+    kernel = lsh_kernel(hashes=1, buckets=2, chunk=64)
+    q = torch.randn(1, 1, 10, 8)
+    _, weights = kernel(q, q, torch.randn(1, 1, 10, 8), causal=True, need_weights=True)
+    assert weights[0, 0, 0, 0] == 1  # the first token sees nothing else
+    diagonal = weights[0, 0].diagonal()
+    others = (weights[0, 0] - torch.diag(diagonal)).sum(-1)
+    assert ((diagonal == 0) | (others == 0)).all() and (diagonal[1:] == 0).any()
+
+
+def test_causal_lsh_is_causal_and_decoding_equals_the_forward() -> None:
+    torch.manual_seed(0)
+    module = MultiHeadAttention(
+        32, 4, variant="lsh", causal=True, kv_heads=2, rope=True, hashes=2, buckets=4, chunk_size=4
+    ).eval()
+    x = torch.randn(2, 30, 32)
+    whole = module(x)
+    changed = x.clone()
+    changed[:, 17:] = torch.randn(2, 13, 32)
+    torch.testing.assert_close(module(changed)[:, :17], whole[:, :17], atol=1e-6, rtol=1e-6)
+    cache = module.new_cache()
+    steps = [module(x[:, :5], cache=cache)] + [module(x[:, i : i + 1], cache=cache) for i in range(5, 30)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), whole, atol=1e-5, rtol=1e-5)
+
+
+def test_checkpoints_of_other_variants_load_into_lsh() -> None:
+    full = MultiHeadAttention(32, 4, variant="full")
+    lsh = MultiHeadAttention(32, 4, variant="lsh", buckets=4, chunk_size=4)
+    lsh.load_state_dict(full.state_dict())  # the same parameters; the key projection is unused by lsh
+    assert set(lsh.state_dict()) == set(full.state_dict())
+
+
+def test_options_are_checked_in_one_line() -> None:
+    from zoo.attention.config import AttentionConfig
+
+    with pytest.raises(ValueError, match="buckets.*even.*got 3"):
+        AttentionConfig(variant="lsh", buckets=3)
+    with pytest.raises(ValueError, match="hashes.*positive int"):
+        AttentionConfig(variant="lsh", hashes=0)

@@ -1,0 +1,157 @@
+"""Routing attention (Roy et al. 2021): given the k-means assignments, exactly softmax attention under the mask the
+definition gives (built here with loops: same cluster, own or previous chunk of the cluster's run, causal), in
+outputs and input gradients (fp32 1e-5, fp64 1e-10); the k-means update by hand; balanced chunks; causality;
+decoding equals the forward; the centroids are a buffer that training moves and checkpoints carry."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from zoo.attention import HeadLayout, MultiHeadAttention, TokenLayout
+from zoo.attention.biases import build_position_bias
+from zoo.attention.clustered import cluster_slots
+from zoo.attention.routing import RoutingAttention
+
+from .helpers import random_padding, reference_softmax_attention
+
+
+def chunked_cluster_mask(clusters: list[int], chunk: int, causal: bool) -> torch.Tensor:
+    """(n, n): i sees j iff same cluster and j's rank among its cluster's tokens, // chunk, is i's or one less."""
+    length = len(clusters)
+    rank = [sum(1 for t in range(i) if clusters[t] == clusters[i]) for i in range(length)]
+    allowed = torch.zeros(length, length, dtype=torch.bool)
+    for i in range(length):
+        for j in range(length):
+            same = clusters[i] == clusters[j] and rank[i] // chunk - rank[j] // chunk in (0, 1)
+            allowed[i, j] = same and (j <= i or not causal)
+    return allowed
+
+
+def routing_kernel(clusters: int, chunk: int, kv_heads: int, dim: int, dtype=torch.float32) -> RoutingAttention:
+    torch.manual_seed(0)
+    kernel = RoutingAttention(clusters=clusters, chunk_size=chunk)
+    kernel.setup(TokenLayout())
+    kernel.setup_heads(HeadLayout(num_heads=4, kv_heads=kv_heads, head_dim=dim))
+    return kernel.to(dtype).eval()
+
+
+def expected_mask(kernel: RoutingAttention, k: torch.Tensor, causal: bool, heads: int) -> torch.Tensor:
+    """(B, H, n, n) from the kernel's assignments (nearest centroid by cosine, checked here against its definition)."""
+    unit = k / k.norm(dim=-1, keepdim=True)
+    cosine = torch.einsum("bgnd,gcd->bgnc", unit, kernel.centroids)
+    assignments = kernel.assign(k)
+    torch.testing.assert_close(assignments, cosine.argmax(dim=-1))
+    groups = heads // k.shape[1]
+    masks = [
+        [chunked_cluster_mask(assignments[b, h // groups].tolist(), kernel.chunk, causal) for h in range(heads)]
+        for b in range(k.shape[0])
+    ]
+    return torch.stack([torch.stack(row) for row in masks])
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("biased", [False, True])
+def test_routing_matches_softmax_under_the_assignment_mask(dtype, tolerance, causal, padded, biased) -> None:
+    kernel = routing_kernel(clusters=3, chunk=4, kv_heads=2, dim=8, dtype=dtype)
+    generator = torch.Generator().manual_seed(3)
+    length = 29
+    q = torch.randn(2, 4, length, 8, generator=generator, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(2, 2, length, 8, generator=generator, dtype=dtype, requires_grad=True) for _ in "kv")
+    padding = random_padding(2, length, generator, left=causal) if padded else None
+    bias = build_position_bias("alibi", 4, causal=causal).to(dtype) if biased else None
+    out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding, bias=bias)
+    mask = expected_mask(kernel, k.detach(), causal, heads=4)
+    if padding is not None:
+        mask = mask & ~padding[:, None, None, :]
+    positions = torch.arange(length)
+    scores_bias = bias(positions, positions) if biased else None
+    expected = reference_softmax_attention(q, k, v, mask, scores_bias)
+    torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
+    grad = torch.randn(out.shape, generator=generator, dtype=dtype)
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
+        torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+    _, weights = kernel(q, k, v, causal=causal, key_padding_mask=padding, bias=bias, need_weights=True)
+    assert (weights[~mask] == 0).all()
+
+
+def test_kmeans_update_by_hand() -> None:
+    """Centroids e1, e2; keys (1, 0.1), (3, 0) -> cluster 0, (0, 2) -> cluster 1; decay 0.5: cluster 0 moves to
+    normalise(0.5 e1 + 0.5 mean(normalise(1, 0.1), (1, 0))), cluster 1 stays e2 (its mean is e2)."""
+    kernel = RoutingAttention(clusters=3, chunk_size=4, decay=0.5)
+    kernel.setup(TokenLayout())
+    kernel.setup_heads(HeadLayout(num_heads=1, kv_heads=1, head_dim=2))
+    kernel.centroids.copy_(torch.tensor([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]]))
+    k = torch.tensor([[1.0, 0.1], [3.0, 0.0], [0.0, 2.0]])[None, None]
+    clusters = kernel.assign(k)
+    assert clusters.tolist() == [[[0, 0, 1]]]
+    kernel.update_centroids(k, clusters, None)
+    mean = (torch.tensor([1.0, 0.1]) / math.hypot(1.0, 0.1) + torch.tensor([1.0, 0.0])) / 2
+    moved = 0.5 * torch.tensor([1.0, 0.0]) + 0.5 * mean
+    torch.testing.assert_close(kernel.centroids[0, 0], moved / moved.norm())
+    torch.testing.assert_close(kernel.centroids[0, 1], torch.tensor([0.0, 1.0]))
+    torch.testing.assert_close(kernel.centroids[0, 2], torch.tensor([-1.0, 0.0]))  # no key: unchanged
+    padded = torch.tensor([[False, True, False]])  # a padded key does not pull its centroid
+    kernel.centroids.copy_(torch.tensor([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]]))
+    kernel.update_centroids(k, clusters, padded)
+    moved = 0.5 * torch.tensor([1.0, 0.0]) + 0.5 * torch.tensor([1.0, 0.1]) / math.hypot(1.0, 0.1)
+    torch.testing.assert_close(kernel.centroids[0, 0], moved / moved.norm())
+
+
+def test_chunks_are_balanced_whatever_the_clusters() -> None:
+    """Every slot holds at most one token, every chunk tokens of one cluster only, at most `chunk` of them,
+    in position order; a very unbalanced assignment (one big cluster) costs at most one partial chunk per cluster."""
+    generator = torch.Generator().manual_seed(0)
+    clusters = torch.where(torch.rand(3, 100, generator=generator) < 0.8, 0, torch.randint(1, 5, (3, 100)))
+    slots, total = cluster_slots(clusters, 5, 8)
+    assert total <= (13 + 5) * 8
+    for row in range(3):
+        assert len(set(slots[row].tolist())) == 100 and int(slots[row].max()) < total
+        for chunk in range(total // 8):
+            tokens = [t for t in range(100) if slots[row, t] // 8 == chunk]
+            assert len({int(clusters[row, t]) for t in tokens}) <= 1 and len(tokens) <= 8
+            assert tokens == sorted(tokens, key=lambda t: int(slots[row, t]))
+
+
+def test_training_moves_centroids_and_checkpoints_carry_them() -> None:
+    torch.manual_seed(0)
+    module = MultiHeadAttention(16, 2, variant="routing", causal=True, layout=TokenLayout(max_length=32))
+    before = module.kernel.centroids.clone()
+    module.train()(torch.randn(2, 20, 16))
+    assert not torch.equal(module.kernel.centroids, before)
+    moved = module.kernel.centroids.clone()
+    module.eval()(torch.randn(2, 20, 16))
+    assert torch.equal(module.kernel.centroids, moved)  # eval keeps them
+    restored = MultiHeadAttention(16, 2, variant="routing", causal=True, layout=TokenLayout(max_length=32))
+    restored.load_state_dict(module.state_dict())
+    assert torch.equal(restored.kernel.centroids, moved)
+
+
+def test_causal_routing_is_causal_and_decoding_equals_the_forward() -> None:
+    torch.manual_seed(0)
+    module = MultiHeadAttention(
+        32, 4, variant="routing", causal=True, kv_heads=2, rope=True, layout=TokenLayout(max_length=40)
+    ).eval()
+    x = torch.randn(2, 33, 32)
+    whole = module(x)
+    changed = x.clone()
+    changed[:, 20:] = torch.randn(2, 13, 32)
+    torch.testing.assert_close(module(changed)[:, :20], whole[:, :20], atol=1e-6, rtol=1e-6)
+    cache = module.new_cache()
+    steps = [module(x[:, :6], cache=cache)] + [module(x[:, i : i + 1], cache=cache) for i in range(6, 33)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), whole, atol=1e-5, rtol=1e-5)
+
+
+def test_options_are_checked_in_one_line() -> None:
+    from zoo.attention.config import AttentionConfig
+
+    with pytest.raises(ValueError, match="decay.*in \\(0, 1\\), got 1.5"):
+        AttentionConfig(variant="routing", decay=1.5)
+    with pytest.raises(ValueError, match="clusters.*positive int"):
+        AttentionConfig(variant="routing", clusters=0)
+    with pytest.raises(ValueError, match="max length.*attention.clusters and attention.chunk_size"):
+        RoutingAttention().setup(TokenLayout())

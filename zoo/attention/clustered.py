@@ -1,0 +1,209 @@
+"""Attention within content clusters, chunked: the machinery of routing (zoo/attention/routing.py) and LSH
+(zoo/attention/lsh.py) attention.
+
+Given a cluster id per token (a k-means centroid, an LSH bucket), the tokens of each cluster are taken in
+position order and cut into chunks of `chunk` tokens (rank r of a cluster's run sits in its chunk r // chunk).
+Query i attends to key j when both are in one cluster and j's chunk of that cluster is i's or the one before
+(Reformer's "attend to the own and the previous chunk", Kitaev et al. 2020, section 2, taken per cluster):
+
+    allowed(i, j) = c_i == c_j  and  rank_j // chunk in {rank_i // chunk, rank_i // chunk - 1}  (and j <= i causal)
+
+A rank counts only earlier tokens, so the pattern of query i depends on tokens up to i: causal attention stays
+causal (a sort of the whole sequence cut into chunks would let later tokens move earlier ones between chunks)
+and a decoded token sees what the whole-sequence forward gives it. Every chunk holds at most `chunk` tokens,
+so the cost is O(n chunk) however unbalanced the clusters; each cluster's run is padded to whole chunks (at
+most one partial chunk per cluster: n / chunk + clusters chunks in all).
+
+Computed with public ops: a sort by (cluster, position) gives each token its slot in the padded runs, a
+gather lays queries, keys and values out by slot, one batched matmul per (chunk, its keys: previous + own),
+and a gather of the slots brings the outputs (and log-sum-exps, for LSH's rounds) back to token order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from zoo.attention.contract import ScoreBias
+
+
+def cluster_slots(clusters: torch.Tensor, num_clusters: int, chunk: int) -> tuple[torch.Tensor, int]:
+    """(N, n) cluster ids in [0, num_clusters) -> each token's slot (N, n) in the clusters' runs padded to whole
+    chunks, and the number of slots: the most any row needs, at most (ceil(n / chunk) + num_clusters) * chunk."""
+    rows, length = clusters.shape
+    positions = torch.arange(length, device=clusters.device)
+    order = (clusters * length + positions).argsort(dim=-1)  # tokens by (cluster, position)
+    sorted_clusters = clusters.gather(1, order)
+    counts = torch.zeros(rows, num_clusters, dtype=torch.long, device=clusters.device)
+    counts.scatter_add_(1, clusters, torch.ones_like(clusters))
+    run_start = counts.cumsum(dim=1) - counts  # first sorted index of each cluster
+    chunk_start = (-(-counts // chunk)).cumsum(dim=1) - (-(-counts // chunk))  # first chunk of each cluster
+    rank = positions - run_start.gather(1, sorted_clusters)
+    slot_sorted = (chunk_start.gather(1, sorted_clusters) + rank // chunk) * chunk + rank % chunk
+    slots = torch.empty_like(clusters).scatter_(1, order, slot_sorted)
+    chunks = int((-(-counts // chunk)).sum(dim=1).max())  # the most any row needs (one host sync)
+    return slots, chunks * chunk
+
+
+def cluster_ranks(clusters: torch.Tensor, num_clusters: int) -> torch.Tensor:
+    """(N, n) -> (N, n): how many earlier tokens share each token's cluster (dense sizes: an (N, n, C) count)."""
+    one_hot = F.one_hot(clusters, num_clusters)
+    return (one_hot.cumsum(dim=1) - one_hot).gather(2, clusters[..., None])[..., 0]
+
+
+def dense_cluster_mask(clusters: torch.Tensor, num_clusters: int, chunk: int, q_len: int, causal: bool):
+    """(N, n) cluster ids -> (N, q_len, n) bool: the pattern above for the last q_len tokens as queries."""
+    length = clusters.shape[1]
+    block = cluster_ranks(clusters, num_clusters) // chunk
+    query_clusters, query_blocks = clusters[:, length - q_len :, None], block[:, length - q_len :, None]
+    allowed = (query_clusters == clusters[:, None, :]) & (
+        (block[:, None, :] == query_blocks) | (block[:, None, :] == query_blocks - 1)
+    )
+    if causal:
+        allowed = allowed & torch.ones(q_len, length, dtype=torch.bool, device=clusters.device).tril(length - q_len)
+    return allowed
+
+
+def exclude_self(allowed: torch.Tensor, is_self: torch.Tensor) -> torch.Tensor:
+    """Reformer's rule: a token attends to itself only when no other key is allowed."""
+    others = allowed & ~is_self
+    return others | (allowed & is_self & ~others.any(dim=-1, keepdim=True))
+
+
+def _head_bias(bias: ScoreBias, query_positions: torch.Tensor, key_positions: torch.Tensor, heads: int):
+    """The bias of head h for row (b, h) of positions (B * H, ..., Tq), (B * H, ..., Tk) -> (B * H, ..., Tq, Tk)."""
+    values = bias(query_positions, key_positions)  # (B * H, ..., H, Tq, Tk)
+    values = values.unflatten(0, (-1, heads))  # (B, H, ..., H, Tq, Tk)
+    values = torch.diagonal(values, dim1=1, dim2=values.ndim - 3)  # (B, ..., Tq, Tk, H)
+    return values.movedim(-1, 1).flatten(0, 1)
+
+
+def clustered_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    clusters: torch.Tensor,
+    num_clusters: int,
+    chunk: int,
+    *,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    bias: ScoreBias | None = None,
+    no_self: bool = False,
+    need_lse: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q, k, v (B, H, n, D) (heads already expanded), clusters (B, H, n) -> out (B, H, n, D) and, with `need_lse`,
+    the log-sum-exp of each query's scores (B, H, n; -inf where it has no key, and its output is zero). `no_self`:
+    Reformer's rule (a token attends to itself only when nothing else is allowed).
+
+    A chunk holds tokens of one cluster in position order, its real slots first; so the mask is the same
+    structure in every chunk (the previous chunk whole, if it is the same cluster's; the own chunk under the
+    causal triangle) less the empty and padded keys, and the number of keys a query sees is a count, not a
+    search: one additive (chunks, C, 2C) mask, one batched matmul with it, the softmax by its log-sum-exp."""
+    batch, heads, length, dim = q.shape
+    rows = batch * heads
+    slots, total = cluster_slots(clusters.reshape(rows, length), num_clusters, chunk)
+    token_at = torch.full((rows, total), -1, dtype=torch.long, device=q.device)
+    token_at.scatter_(1, slots, torch.arange(length, device=q.device).expand(rows, length))
+    index = token_at.clamp(min=0)
+
+    def lay_out(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (N, chunks, chunk, D) by slot
+        x = x.reshape(rows, length, x.shape[-1])
+        return x.gather(1, index[..., None].expand(rows, total, x.shape[-1])).view(rows, -1, chunk, x.shape[-1])
+
+    def with_previous(x: torch.Tensor, fill) -> torch.Tensor:  # (N, M, C, ...) -> (N, M, 2C, ...)
+        previous = torch.cat([torch.full_like(x[:, :1], fill), x[:, :-1]], dim=1)
+        return torch.cat([previous, x], dim=2)
+
+    queries, keys, values = lay_out(q), with_previous(lay_out(k), 0.0), with_previous(lay_out(v), 0.0)
+    real = (token_at >= 0).view(rows, -1, chunk)  # (N, M, C)
+    usable = real
+    if key_padding_mask is not None:
+        padded = key_padding_mask.bool()[:, None, :].expand(batch, heads, length).reshape(rows, length)
+        usable = real & ~padded.gather(1, index).view(real.shape)
+    chunk_cluster = clusters.reshape(rows, length).gather(1, index[:, ::chunk])  # (N, M): a chunk's one cluster
+    same_as_previous = torch.zeros_like(real[..., 0])
+    same_as_previous[:, 1:] = (chunk_cluster[:, 1:] == chunk_cluster[:, :-1]) & real[:, :-1, 0]
+    previous_usable = torch.cat([torch.zeros_like(usable[:, :1]), usable[:, :-1]], dim=1) & same_as_previous[..., None]
+    # Keys a query may see: the previous chunk's usable ones, and its own chunk's (up to itself when causal).
+    own = usable.cumsum(dim=-1) if causal else usable.sum(dim=-1, keepdim=True).expand(usable.shape)
+    count = previous_usable.sum(dim=-1, keepdim=True) + own  # (N, M, C), itself included when usable
+    if no_self:
+        others = count - usable.long()
+        self_blocked = usable & (others > 0)
+        count = count - self_blocked.long()
+    has_key = count > 0
+    dtype = q.dtype
+    key_mask = torch.zeros(rows, real.shape[1], 2 * chunk, dtype=dtype, device=q.device)
+    key_mask.masked_fill_(~torch.cat([previous_usable, usable], dim=-1), float("-inf"))
+    mask = key_mask[:, :, None, :].expand(rows, real.shape[1], chunk, 2 * chunk)
+    if causal:
+        triangle = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+        structure = torch.zeros(chunk, 2 * chunk, dtype=dtype, device=q.device)
+        structure[:, chunk:].masked_fill_(~triangle, float("-inf"))
+        mask = mask + structure
+    else:
+        mask = mask.clone()
+    if no_self:
+        mask[..., chunk:].diagonal(dim1=-2, dim2=-1).masked_fill_(self_blocked, float("-inf"))
+    mask.masked_fill_(~has_key[..., None], 0.0)  # rows without keys: finite scores, zeroed below
+    if bias is not None:
+        query_positions = token_at.view(rows, -1, chunk)
+        key_positions = with_previous(query_positions, -1)
+        mask = mask + _head_bias(bias, query_positions.clamp(min=0), key_positions.clamp(min=0), heads).to(dtype)
+    scale = 1.0 / math.sqrt(dim)
+    scores = torch.baddbmm(
+        mask.flatten(0, 1), queries.flatten(0, 1), keys.flatten(0, 1).transpose(1, 2), alpha=scale
+    ).view(mask.shape)  # (N, M, C, 2C)
+    probs = torch.softmax(scores, dim=-1)  # one fused pass; the log-sum-exp apart, only where asked
+    if dropout_p > 0.0:
+        probs = F.dropout(probs, p=dropout_p)
+    out = (probs @ values).masked_fill(~has_key[..., None], 0.0).view(rows, total, dim)
+    out = out.gather(1, slots[..., None].expand(rows, length, dim)).view(batch, heads, length, dim)
+    if not need_lse:
+        return out, None
+    lse = torch.logsumexp(scores, dim=-1).masked_fill(~has_key, float("-inf")).view(rows, total)
+    return out, lse.gather(1, slots).view(batch, heads, length)
+
+
+def dense_clustered_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    clusters: torch.Tensor,
+    num_clusters: int,
+    chunk: int,
+    *,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    bias: ScoreBias | None = None,
+    no_self: bool = False,
+    start: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The same attention through the dense (T, S) mask: q (B, H, T, D) the last T of S tokens (decoding), k, v
+    (B, H, S, D), clusters (B, H, S) -> out (B, H, T, D), the probabilities (B, H, T, S) (need_weights) and the
+    log-sum-exp (B, H, T). `start`: the position of the first key (for the bias). For small inputs."""
+    batch, heads, q_len, dim = q.shape
+    length = k.shape[2]
+    allowed = dense_cluster_mask(clusters.flatten(0, 1), num_clusters, chunk, q_len, causal).view(
+        batch, heads, q_len, length
+    )
+    if key_padding_mask is not None:
+        allowed = allowed & ~key_padding_mask.bool()[:, None, None, :]
+    if no_self:
+        positions = torch.arange(length, device=q.device)
+        allowed = exclude_self(allowed, positions[length - q_len :, None] == positions[None, :])
+    scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(dim))
+    if bias is not None:
+        positions = torch.arange(start, start + length, device=q.device)
+        scores = scores + bias(positions[length - q_len :], positions).to(scores.dtype)
+    has_key = allowed.any(dim=-1, keepdim=True)
+    scores = scores.masked_fill(~(allowed | ~has_key), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    probs = torch.exp(scores - lse).masked_fill(~has_key, 0.0)
+    dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0.0 else probs
+    return dropped @ v, probs, lse.masked_fill(~has_key, float("-inf"))[..., 0]

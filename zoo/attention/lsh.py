@@ -1,0 +1,153 @@
+"""LSH attention (Kitaev et al. 2020, "Reformer: The Efficient Transformer", section 2).
+
+    shared QK    the keys are the normalised queries, k_j = q_j / |q_j| (the kernel ignores the k it is given)
+    hashing      angular LSH by a random rotation R (D, buckets / 2) per round and head:
+                 h(x) = argmax([x R ; -x R]) over `buckets` buckets (Andoni et al. 2015)
+    chunks       per round, each bucket's tokens in position order cut into chunks of `chunk_size`; a query
+                 attends to the keys of its bucket in its chunk and the previous one (zoo/attention/clustered.py:
+                 per bucket, so causal attention stays causal and decoding equals the forward; Reformer sorts the
+                 whole sequence and lets a chunk see its neighbour's other buckets)
+    self         a token attends to itself only when no other key is allowed (its own key would dominate)
+    rounds       `hashes` rounds, each a softmax over its keys with log-sum-exp lse_r; combined as
+                 out_i = sum_r exp(lse_r,i - logsumexp_r lse_r,i) out_r,i (the paper's eq. for multi-round LSH
+                 attention; a key found in several rounds counts in each of them, as in the paper's code)
+
+The rotations are drawn afresh each training forward (from torch's global generator) and fixed by `seed` in
+evaluation and decoding. Checkpoints: the parameter layout is MultiHeadAttention's, so any variant's checkpoint
+loads into lsh and back; its key projection is loaded but unused here (shared QK), so a model trained with
+another variant attends differently under lsh.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zoo.attention.cache import KVCache, new_tokens_padding
+from zoo.attention.clustered import clustered_attention, dense_clustered_attention
+from zoo.attention.contract import Kernel, ScoreBias, TokenLayout
+from zoo.attention.functional import repeat_kv
+from zoo.errors import check_positive_int
+
+
+def lsh_buckets(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+    """Angular LSH: x (B, H, n, D), rotations (R, H, D, b / 2) -> buckets (R, B, H, n) = argmax([xR; -xR])."""
+    rotated = torch.einsum("bhnd,rhdk->rbhnk", x, rotations.to(x.dtype))
+    return torch.cat([rotated, -rotated], dim=-1).argmax(dim=-1)
+
+
+def combine_rounds(outs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
+    """(R, B, H, n, D), (R, B, H, n) -> (B, H, n, D): the rounds weighted by their share of the total mass."""
+    finite = torch.isfinite(lses)
+    safe = lses.masked_fill(~finite, -1e30)  # a round without keys weighs nothing; no NaN if none has keys
+    weights = torch.softmax(safe, dim=0).masked_fill(~finite, 0.0)
+    return (weights[..., None].to(outs.dtype) * outs).sum(dim=0)
+
+
+class LSHAttention(Kernel):
+    """Reformer's LSH attention with a KVCache (of normalised queries) for decoding.
+
+    Options: `hashes` (rounds), `buckets` (per round, even; None: about max_length / chunk_size), `chunk_size`
+    (tokens per chunk of a bucket), `seed` (the rotations in evaluation).
+    """
+
+    name = "lsh"
+    supports_position_bias = True
+    groups_as_repeated_heads = False  # the keys are the queries (shared QK)
+    example_options = ({"hashes": 2, "buckets": 4, "chunk_size": 4},)
+
+    def __init__(self, *, hashes: int = 4, buckets: int | None = None, chunk_size: int = 64, seed: int = 0) -> None:
+        super().__init__()
+        check_positive_int("attention.hashes (variant 'lsh')", hashes)
+        check_positive_int("attention.buckets (variant 'lsh')", buckets, allow_none=True)
+        check_positive_int("attention.chunk_size", chunk_size)
+        if buckets is not None and buckets % 2:
+            raise ValueError(
+                f"attention.buckets (variant 'lsh') must be even (a rotation and its negation), got {buckets}"
+            )
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"attention.seed (variant 'lsh') must be an int, got {seed!r}")
+        self.hashes, self.buckets, self.chunk_size, self.seed = hashes, buckets, chunk_size, seed
+
+    def setup(self, layout: TokenLayout) -> None:
+        super().setup(layout)
+        if self.buckets is None and layout.max_length is None:
+            raise ValueError(
+                "attention.buckets (variant 'lsh') is null, which means about max_length / chunk_size, but this "
+                "attention was not told the model's max length; give attention.buckets, a positive even int"
+            )
+        self.num_buckets = self.buckets or max(2, 2 * -(-layout.max_length // (2 * self.chunk_size)))
+
+    def extra_repr(self) -> str:
+        buckets = getattr(self, "num_buckets", self.buckets)
+        return f"hashes={self.hashes}, buckets={buckets}, chunk_size={self.chunk_size}, seed={self.seed}"
+
+    def rotations(self, heads: int, dim: int, device: torch.device) -> torch.Tensor:
+        """(hashes, H, D, buckets / 2): fresh in training, fixed by the seed otherwise."""
+        if not hasattr(self, "num_buckets"):
+            self.setup(getattr(self, "layout", TokenLayout()))
+        shape = (self.hashes, heads, dim, self.num_buckets // 2)
+        generator = None if self.training else torch.Generator().manual_seed(self.seed)
+        return torch.randn(shape, generator=generator).to(device)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal: bool = False,
+        key_padding_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        need_weights: bool = False,
+        bias: ScoreBias | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if q.shape[2] != k.shape[2]:
+            raise ValueError(
+                f"lsh attention is self-attention: as many queries as keys, got {q.shape[2]} and {k.shape[2]}"
+            )
+        keys = q / q.norm(dim=-1, keepdim=True).clamp(min=1e-12)  # shared QK
+        values = repeat_kv(v, q.shape[1] // v.shape[1])
+        buckets = lsh_buckets(q, self.rotations(q.shape[1], q.shape[3], q.device))
+        options = dict(causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p, bias=bias, no_self=True)
+        if need_weights:
+            rounds = [
+                dense_clustered_attention(q, keys, values, b, self.num_buckets, self.chunk_size, **options)
+                for b in buckets
+            ]
+            lses = torch.stack([lse for _, _, lse in rounds])
+            weights = combine_rounds(torch.stack([p for _, p, _ in rounds]), lses)
+            return combine_rounds(torch.stack([o for o, _, _ in rounds]), lses), weights
+        rounds = [
+            clustered_attention(q, keys, values, b, self.num_buckets, self.chunk_size, **options) for b in buckets
+        ]
+        return combine_rounds(torch.stack([o for o, _ in rounds]), torch.stack([lse for _, lse in rounds])), None
+
+    def new_cache(self) -> KVCache:
+        return KVCache()
+
+    def decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache: KVCache,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+        bias: ScoreBias | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Causal, in evaluation's fixed hashes: the cache keeps the normalised queries (the keys) of every head;
+        the new queries attend under the pattern of all tokens so far; weights (B, H, t, offset + t)."""
+        if self.training:
+            raise ValueError("variant 'lsh' decodes in eval mode only: training draws fresh hashes every call")
+        unit = q / q.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+        keys, values = cache.append(unit, v, new_tokens_padding(key_padding_mask, k.shape[2]))
+        values = repeat_kv(values, q.shape[1] // values.shape[1])
+        buckets = lsh_buckets(keys, self.rotations(q.shape[1], q.shape[3], q.device))
+        options = dict(causal=True, key_padding_mask=cache.key_padding_mask(), bias=bias, no_self=True)
+        rounds = [
+            dense_clustered_attention(q, keys, values, b, self.num_buckets, self.chunk_size, **options) for b in buckets
+        ]
+        lses = torch.stack([lse for _, _, lse in rounds])
+        out = combine_rounds(torch.stack([o for o, _, _ in rounds]), lses)
+        return out, combine_rounds(torch.stack([p for _, p, _ in rounds]), lses) if need_weights else None
