@@ -23,8 +23,10 @@ import torch
 from torch import nn
 
 from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, TokenLayout
+from zoo.errors import check_choice
 from zoo.nn import Dropout, ModelConfig, transformer_stack
 from zoo.nn.activations import from_huggingface_activation, to_huggingface_activation
+from zoo.nn.blocks import MLPS, NORMS, build_norm
 
 
 @dataclass
@@ -46,10 +48,22 @@ class GPTConfig(ModelConfig):
     activation: str = "gelu"  # GPT-2 itself: gelu_tanh
     norm_eps: float = 1e-5
     tie_weights: bool = True  # LM head shares the token embedding (Press & Wolf 2017)
+    norm: str = "layernorm"  # layernorm | rmsnorm (LLaMA)
+    mlp: str = "gelu"  # gelu (two layers, with `activation`) | swiglu | geglu (gated; mlp_dim default ~8/3 n_embd)
+    qkv_bias: bool | None = None  # biases of the q/k/v projection alone; None: as `bias` (Qwen2: true, bias false)
+    qk_norm: bool = False  # RMSNorm of queries and keys per head (OLMo 2, Qwen3)
+    checkpointing: bool = False  # activation checkpointing per block: recompute in the backward, less memory
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_choice("gpt norm", self.norm, NORMS)
+        check_choice("gpt mlp", self.mlp, MLPS)
+        for name in ("bias", "qk_norm", "checkpointing", "tie_weights") + (
+            ("qkv_bias",) if self.qkv_bias is not None else ()
+        ):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"gpt {name} must be true or false, got {getattr(self, name)!r}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd must be divisible by n_head, got n_embd={self.n_embd} and n_head={self.n_head}")
 
@@ -77,8 +91,13 @@ class GPT(nn.Module):
             bias=config.bias,
             norm_eps=config.norm_eps,
             layout=TokenLayout(max_length=config.block_size),
+            norm=config.norm,
+            mlp=config.mlp,
+            qkv_bias=config.qkv_bias,
+            qk_norm=config.qk_norm,
+            checkpointing=config.checkpointing,
         )
-        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+        self.ln_f = build_norm(config.norm, config.n_embd, config.norm_eps, config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.wte.weight
