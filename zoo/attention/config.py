@@ -25,7 +25,7 @@ from torch import nn
 
 from zoo.attention.biases import POSITION_BIASES, build_position_bias, check_bucketing
 from zoo.attention.contract import BACKENDS
-from zoo.attention.positions import ROPE_SCALINGS
+from zoo.attention.positions import ROPE_SCALINGS, check_rope_parameters
 from zoo.attention.registry import VARIANTS, build_kernel, kernel_class, variant_options
 from zoo.errors import check_choice, check_positive_int
 
@@ -37,6 +37,7 @@ class AttentionConfig:
     rope_base: float = 10000.0
     rope_scaling: str | None = None  # linear | ntk | dynamic: RoPE past the trained length (needs rope)
     rope_factor: float = 1.0  # the scaling factor s of rope_scaling
+    rope_parameters: dict[str, Any] | None = None  # yarn, llama3: their further settings (transformers' names)
     position_bias: str | None = None  # alibi | t5: a relative bias on the scores (self-attention only)
     num_buckets: int = 32  # t5: distance buckets
     max_distance: int = 128  # t5: distances from here on share the last bucket
@@ -53,6 +54,7 @@ class AttentionConfig:
         rope_base: float = 10000.0,
         rope_scaling: str | None = None,
         rope_factor: float = 1.0,
+        rope_parameters: dict[str, Any] | None = None,
         position_bias: str | None = None,
         num_buckets: int = 32,
         max_distance: int = 128,
@@ -68,6 +70,7 @@ class AttentionConfig:
         self.rope_base = rope_base
         self.rope_scaling = rope_scaling
         self.rope_factor = rope_factor
+        self.rope_parameters = dict(rope_parameters) if rope_parameters else None
         self.position_bias = position_bias
         self.num_buckets = num_buckets
         self.max_distance = max_distance
@@ -88,6 +91,7 @@ class AttentionConfig:
                 raise ValueError(
                     f"attention.rope_scaling={self.rope_scaling!r} scales RoPE: it needs attention.rope=true"
                 )
+        check_rope_parameters(self.rope_scaling, self.rope_parameters)
         if isinstance(self.rope_factor, bool) or not isinstance(self.rope_factor, (int, float)) or self.rope_factor < 1:
             raise ValueError(f"attention.rope_factor must be a number >= 1, got {self.rope_factor!r}")
         if self.rope_scaling in ("linear", "ntk") and self.rope_factor == 1:
@@ -160,6 +164,7 @@ class AttentionConfig:
         """The flat form the YAML files use."""
         return {"variant": self.variant, "rope": self.rope, "rope_base": self.rope_base,
                 "rope_scaling": self.rope_scaling, "rope_factor": self.rope_factor,
+                "rope_parameters": self.rope_parameters,
                 "position_bias": self.position_bias, "num_buckets": self.num_buckets,
                 "max_distance": self.max_distance, "share_bias": self.share_bias, "kv_heads": self.kv_heads,
                 "dropout": self.dropout, "backend": self.backend, **self.options}  # fmt: skip

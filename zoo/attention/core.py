@@ -101,7 +101,7 @@ class MultiHeadAttention(nn.Module):
         if config.rope:
             self.rotary = RotaryEmbedding(
                 self.head_dim, config.rope_base, 2 if grid else 1, config.rope_scaling, config.rope_factor,
-                self.layout.max_length,
+                self.layout.max_length, config.rope_parameters,
             )  # fmt: skip
         if grid is not None:  # 2-D rotary positions of the patches (the prefix tokens sit at (0, 0))
             self.register_buffer("positions", grid_positions(grid, self.layout.prefix_tokens), persistent=False)
