@@ -105,6 +105,8 @@ def _from_folder(folder: Path) -> nn.Module:
         config = json.loads(config_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise CheckpointError(f"{config_file} is not valid JSON") from None
+    if config.get("model_type") in ("llama", "qwen2", "mistral"):
+        return _from_huggingface_folder(folder)
     if config.get("model_type") == "gpt2":
         raise CheckpointError(
             f"{str(folder)!r} is a Hugging Face GPT-2 folder: load it with transformers "
@@ -125,6 +127,16 @@ def _from_folder(folder: Path) -> nn.Module:
     return _assemble(
         config["family"], config["model"], state, tokenizer, preprocessing, config.get("settings", {}), str(folder)
     )
+
+
+def _from_huggingface_folder(folder: Path) -> nn.Module:
+    """A Llama / Qwen2 / Mistral folder of transformers' save_pretrained as a zoo GPT, with its tokenizer.json."""
+    model = GPT.from_huggingface(folder)
+    tokenizer = None
+    if (folder / TOKENIZER_FILE).is_file():
+        tokenizer = tokenizer_from_string((folder / TOKENIZER_FILE).read_text(encoding="utf-8"))
+    model.tokenizer, model.preprocessing, model.settings = tokenizer, None, {}
+    return model
 
 
 def _assemble(
@@ -255,8 +267,9 @@ def onnx_difference(model: nn.Module, path: str | Path) -> float:
 
 
 def export_huggingface(model: nn.Module, folder: str | Path) -> Path:
-    """A GPT as a `transformers` GPT-2 folder (save_pretrained: config.json, model.safetensors, and the
-    tokenizer as a PreTrainedTokenizerFast): GPT-2 is full attention with learned positions."""
+    """A GPT as a `transformers` folder (save_pretrained: config.json, model.safetensors, and the tokenizer as a
+    PreTrainedTokenizerFast): GPT-2 (full attention, learned positions), or Llama / Qwen2 / Mistral for the
+    Llama family's blocks (GPT.to_huggingface). LoRA adapters are merged into the weights first."""
     family = family_of(model)
     if family != "gpt":
         raise UsageError(f"format=huggingface writes GPT-2 folders (model=gpt), not model={family}; valid formats "
@@ -265,7 +278,8 @@ def export_huggingface(model: nn.Module, folder: str | Path) -> Path:
         hf_model = model.to_huggingface()
     except ValueError as error:
         raise UsageError(
-            f"format=huggingface: {error}; supported: attention=full without rope, position_bias or kv_heads"
+            f"format=huggingface: {error}; supported: attention=full without rope, position_bias or kv_heads "
+            "(GPT-2), or model=llama's blocks with full or local attention (Llama, Qwen2, Mistral)"
         ) from None
     from transformers import PreTrainedTokenizerFast
 
