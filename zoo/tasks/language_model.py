@@ -30,7 +30,13 @@ SAMPLE_DEFAULTS = {"prompt": "\n", "seed": 0, **asdict(SamplingConfig())}
 
 class LanguageModelTask(ZooTask):
     """net: GPTConfig fields (vocab_size null = the tokenizer's); sample: the text generated at each
-    validation {prompt, seed, max_new_tokens, temperature, top_k, top_p} (max_new_tokens 0: none)."""
+    validation {prompt, seed, max_new_tokens, temperature, top_k, top_p} (max_new_tokens 0: none).
+
+    pretrained: a Hugging Face folder (Llama, Qwen2, Mistral, GPT-2: config.json + safetensors, GPT.from_huggingface)
+    to start from: its config replaces net's architecture and its tokenizer.json the data's tokenizer. Of net's
+    attention only what a user changes on purpose applies: a variant other than full (with its options), a
+    rope_scaling; the checkpoint's own (RoPE base, grouped heads, Mistral's window) stays otherwise.
+    """
 
     family = "gpt"
 
@@ -41,6 +47,7 @@ class LanguageModelTask(ZooTask):
         scheduler: dict[str, Any] | None = None,
         sample: dict[str, Any] | None = None,
         compile: bool = False,
+        pretrained: str | None = None,
     ) -> None:
         super().__init__(optimizer, scheduler, compile)
         self.save_hyperparameters()
@@ -51,12 +58,22 @@ class LanguageModelTask(ZooTask):
         self.sampling = SamplingConfig(**{k: self.sample_config[k] for k in asdict(SamplingConfig())})
         self.net: GPT | None = GPT(GPTConfig.from_dict(net)) if net.get("vocab_size") is not None else None
         self.tokenizer: Tokenizer | None = None
+        if pretrained:
+            self.net = GPT.from_huggingface(pretrained, attention=attention_changes(net.get("attention")))
+            self.net.train()
+            tokenizer_file = Path(pretrained).expanduser() / "tokenizer.json"
+            if tokenizer_file.is_file():
+                self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+            # Checkpoints then describe the imported architecture themselves and reload without the folder.
+            self.hparams["net"], self.hparams["pretrained"] = self.net.config.to_dict(), None
         self.val_loss, self.test_loss = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
         self._step_start: float | None = None
 
     # -- model and tokenizer from the data ------------------------------------------------------------
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if self.tokenizer is not None and hasattr(datamodule, "use_tokenizer"):  # pretrained: speak its language
+            datamodule.use_tokenizer(self.tokenizer)
         tokenizer = getattr(datamodule, "tokenizer", None)
         if tokenizer is None:
             return
@@ -162,6 +179,20 @@ class LanguageModelTask(ZooTask):
         if root.is_dir():
             with open(root / "samples.txt", "a", encoding="utf-8") as handle:
                 handle.write(f"--- step {step} ---\n{text}\n")
+
+
+def attention_changes(attention: Any) -> dict[str, Any]:
+    """The attention settings a user asked for on purpose over a pretrained checkpoint's: a variant other than
+    full (with its options), a RoPE scaling (with its factor and parameters)."""
+    attention = dict(attention or {})
+    changes: dict[str, Any] = {}
+    if attention.get("variant", "full") != "full":
+        shared = {"rope", "rope_base", "rope_scaling", "rope_factor", "rope_parameters", "position_bias",
+                  "num_buckets", "max_distance", "share_bias", "kv_heads", "dropout"}  # fmt: skip
+        changes.update({key: value for key, value in attention.items() if key not in shared})
+    if attention.get("rope_scaling"):
+        changes.update({key: attention.get(key) for key in ("rope_scaling", "rope_factor", "rope_parameters")})
+    return changes
 
 
 def describe(tokenizer: Tokenizer) -> str:
