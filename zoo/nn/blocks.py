@@ -256,6 +256,14 @@ class TransformerBlock(nn.Module):
         return (x, weights) if need_weights else x
 
 
+def set_checkpointing(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Switch activation checkpointing on or off in every TransformerBlock of `model`; returns the model."""
+    for module in model.modules():
+        if isinstance(module, TransformerBlock):
+            module.checkpointing = enabled
+    return model
+
+
 def transformer_stack(
     depth: int,
     dim: int,
