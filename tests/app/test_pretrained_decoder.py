@@ -60,3 +60,24 @@ def test_fine_tune_a_pretrained_folder_then_generate_and_export(architecture, tm
     ids = torch.tensor([tuned.tokenizer.encode("ROMEO: But").ids])
     with torch.no_grad():
         assert (hf(ids).logits - tuned(ids)).abs().max() < 1e-4
+
+
+def test_lora_fine_tune_of_a_pretrained_folder_keeps_adapters_names_the_base_and_generates(tmp_path, capsys) -> None:
+    corpus = tiny_text(tmp_path / "corpus.txt")
+    folder = pretrained_folder(tmp_path / "pretrained", corpus)
+    run(["model=llama", f"model.pretrained={folder}", "data=text", f"data.path={corpus}", "model.lora.rank=8",
+         "model.optimizer.lr=0.05", *TRAIN], tmp_path / "train", capsys)  # fmt: skip
+    path = tmp_path / "train" / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["hyper_parameters"]["pretrained"] == str(folder.resolve())  # names its base
+    assert checkpoint["state_dict"] and all("lora_" in key for key in checkpoint["state_dict"])  # adapters only
+    base, tuned = zoo.load(folder), zoo.load(path)  # zoo.load: base + adapters, merged
+    assert set(tuned.state_dict()) == set(base.state_dict())
+    changed = {k for k, v in tuned.state_dict().items() if not torch.equal(v, base.state_dict()[k])}
+    assert changed and all(k.endswith(("in_proj.weight", "out_proj.weight", "gate.weight", "fc1.weight",
+                                       "fc2.weight")) for k in changed)  # fmt: skip
+    out = run(["model=llama", "mode=generate", f"ckpt_path={path}", "prompt=ROMEO:", "max_new_tokens=8"],
+              tmp_path / "generate", capsys)  # fmt: skip
+    assert "ROMEO:" in out
+    run(["model=llama", f"model.pretrained={folder}", "data=text", f"data.path={corpus}", "model.lora.rank=8",
+         *TRAIN, "trainer.max_steps=3", f"ckpt_path={path}"], tmp_path / "train", capsys)  # fmt: skip
