@@ -24,6 +24,7 @@ from zoo.attention.cache import RollingKVCache, new_tokens_padding
 from zoo.attention.contract import Kernel, ScoreBias
 from zoo.attention.flex import flex_pattern_attention, resolve_backend
 from zoo.attention.functional import additive_mask, dot_product_attention, evaluate_bias, masked_attention, sdpa
+from zoo.attention.sinks import SinkKVCache, sliding_window_attention_with_sinks
 from zoo.errors import check_positive_int
 
 # Queries per block, chosen by measurement (experiments/results/recipes.md):
@@ -475,7 +476,9 @@ class LocalAttention(Kernel):
     """Sliding-window attention with a rolling cache of `window` keys for decoding.
 
     Options: `window` (keys per query), `chunk_size` (query block length of the blockwise kernel; None:
-    the measured defaults, 32 in the CPU's chunked forward and 64 elsewhere). Backends (attention.backend):
+    the measured defaults, 32 in the CPU's chunked forward and 64 elsewhere), `sink_tokens` (causal: every query
+    also sees the first s tokens, which the rolling cache keeps; StreamingLLM's attention sinks, zoo/attention/
+    sinks.py; 0: none). Backends (attention.backend):
     blockwise (the CPU's auto; up to DENSE_MAX_LENGTH keys, as the pattern kernels, the dense band mask), flex
     (CUDA's auto; zoo/attention/flex.py), sdpa (one SDPA call under the dense band mask).
     """
@@ -485,12 +488,15 @@ class LocalAttention(Kernel):
     supports_position_bias = True
     backends = ("blockwise", "flex", "sdpa")
 
-    def __init__(self, *, window: int = 256, chunk_size: int | None = None) -> None:
+    def __init__(self, *, window: int = 256, chunk_size: int | None = None, sink_tokens: int = 0) -> None:
         super().__init__()
         check_positive_int("attention.window (variant 'local')", window)
         check_positive_int("attention.chunk_size", chunk_size, allow_none=True)
+        if isinstance(sink_tokens, bool) or not isinstance(sink_tokens, int) or sink_tokens < 0:
+            raise ValueError(f"attention.sink_tokens must be an int >= 0 (0: no attention sinks), got {sink_tokens!r}")
         self.window = window
         self.chunk_size = chunk_size  # None: the measured defaults
+        self.sink_tokens = sink_tokens
 
     def notice(self) -> str | None:
         """A window that reaches every token of the model's sequences both ways (window // 2 >= length - 1: the
@@ -515,6 +521,12 @@ class LocalAttention(Kernel):
         need_weights: bool = False,
         bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.sink_tokens:
+            self._check_sinks(causal, bias)
+            return sliding_window_attention_with_sinks(
+                q, k, v, self.window, self.sink_tokens, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
+                need_weights=need_weights,
+            )  # fmt: skip
         backend = resolve_backend(self.name, self.backend, q, k, dropout_p, bias, need_weights)
         if backend == "flex":
             pattern = functools.partial(band, window=self.window, causal=causal)
@@ -529,8 +541,15 @@ class LocalAttention(Kernel):
             need_weights=need_weights, block_size=self.chunk_size, bias=bias, dense=dense,
         )  # fmt: skip
 
-    def new_cache(self) -> RollingKVCache:
-        return RollingKVCache(self.window)
+    def _check_sinks(self, causal: bool, bias: ScoreBias | None) -> None:
+        if not causal or bias is not None:
+            raise ValueError(
+                f"attention.sink_tokens={self.sink_tokens} keeps the first tokens of a causal window without a "
+                f"position bias; this attention is causal={causal}, position_bias={'set' if bias is not None else None}"
+            )
+
+    def new_cache(self) -> RollingKVCache | SinkKVCache:
+        return SinkKVCache(self.window, self.sink_tokens) if self.sink_tokens else RollingKVCache(self.window)
 
     def decode(
         self,
@@ -547,6 +566,12 @@ class LocalAttention(Kernel):
 
         Weights, if asked, cover the attended keys only: (B, H, t, kept + t).
         """
+        if self.sink_tokens:
+            self._check_sinks(True, bias)
+            keys, values, positions, padding = cache.extend(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
+            return sliding_window_attention_with_sinks(
+                q, keys, values, self.window, self.sink_tokens, positions, padding, need_weights=need_weights
+            )
         keys, values, padding = cache.extend(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
         return sliding_window_attention(
             q, keys, values, self.window, causal=True, key_padding_mask=padding,
