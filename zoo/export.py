@@ -21,6 +21,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from copy import deepcopy as copy_module
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from zoo.models.gpt import GPT, GPTConfig
 from zoo.models.sequence_classifier import SequenceClassifier, SequenceClassifierConfig
 from zoo.models.translation import TranslationConfig, TranslationTransformer
 from zoo.models.vit import ViT, ViTConfig
+from zoo.nn.lora import LoRAConfig, adapter_state_dict, add_lora, has_lora, merge_lora
 from zoo.weights import checkpoint_identity, network_state_dict, read_checkpoint, read_weights
 
 FAMILIES: dict[str, tuple[type[nn.Module], Any]] = {
@@ -49,7 +51,7 @@ CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", 
 PREPROCESSING_FILE, ONNX_FILE = "preprocessing.json", "model.onnx"
 FOLDER_FORMAT = "zoo"
 # Task hyper-parameters that only training reads; the rest are inference settings (beam_size, ...).
-TRAINING_ONLY = ("net", "optimizer", "scheduler", "compile", "pretrained")
+TRAINING_ONLY = ("net", "optimizer", "scheduler", "compile", "pretrained", "lora")
 
 
 # -- loading ------------------------------------------------------------------------------------------
@@ -92,7 +94,33 @@ def _from_checkpoint(path: Path) -> nn.Module:
     preprocessing = checkpoint.get("preprocessing")
     preprocessing = ImagePreprocessing.from_dict(preprocessing) if preprocessing else None
     state = network_state_dict(checkpoint["state_dict"])
+    if (hparams.get("lora") or {}).get("rank"):
+        model = _with_lora(family, hparams, state, str(path))
+        model.tokenizer, model.preprocessing, model.settings = tokenizer, preprocessing, settings
+        return model
     return _assemble(family, hparams["net"], state, tokenizer, preprocessing, settings, str(path))
+
+
+def _with_lora(family: str, hparams: dict[str, Any], state: dict[str, torch.Tensor], where: str) -> nn.Module:
+    """The network of a LoRA checkpoint, adapters merged: the base from the folder it names (hparams pretrained;
+    the checkpoint then holds the adapters only) or from the checkpoint itself, plus its adapters."""
+    network, config_class = FAMILIES[family]
+    config = config_class.from_dict(hparams["net"])
+    base = hparams.get("pretrained")
+    if base:
+        if not Path(base).is_dir():
+            raise CheckpointError(f"{where!r} holds LoRA adapters of the base {base!r}, which is not a folder any more")
+        model = network.from_huggingface(base, attention=config.attention.to_dict())
+    else:
+        model = network(config)
+    add_lora(model, LoRAConfig(**hparams["lora"]))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [key for key in missing if not base or adapter_state_dict({key: None})]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{where!r}: the LoRA weights do not fit the model (missing {missing[:4]}, unexpected {unexpected[:4]})"
+        )
+    return merge_lora(model)
 
 
 def _from_folder(folder: Path) -> nn.Module:
@@ -108,6 +136,8 @@ def _from_folder(folder: Path) -> nn.Module:
         config = json.loads(config_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise CheckpointError(f"{config_file} is not valid JSON") from None
+    if config.get("model_type") in ("llama", "qwen2", "mistral"):
+        return _from_huggingface_folder(folder)
     if config.get("model_type") == "gpt2":
         raise CheckpointError(
             f"{str(folder)!r} is a Hugging Face GPT-2 folder: load it with transformers "
@@ -128,6 +158,16 @@ def _from_folder(folder: Path) -> nn.Module:
     return _assemble(
         config["family"], config["model"], state, tokenizer, preprocessing, config.get("settings", {}), str(folder)
     )
+
+
+def _from_huggingface_folder(folder: Path) -> nn.Module:
+    """A Llama / Qwen2 / Mistral folder of transformers' save_pretrained as a zoo GPT, with its tokenizer.json."""
+    model = GPT.from_huggingface(folder)
+    tokenizer = None
+    if (folder / TOKENIZER_FILE).is_file():
+        tokenizer = tokenizer_from_string((folder / TOKENIZER_FILE).read_text(encoding="utf-8"))
+    model.tokenizer, model.preprocessing, model.settings = tokenizer, None, {}
+    return model
 
 
 def _assemble(
@@ -173,6 +213,7 @@ def save_folder(model: nn.Module, folder: str | Path) -> Path:
     from safetensors.torch import save_file
 
     family = family_of(model)
+    model = merged(model)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tied = tied_weights(model)
@@ -190,6 +231,16 @@ def save_folder(model: nn.Module, folder: str | Path) -> Path:
     if getattr(model, "preprocessing", None) is not None:
         (folder / PREPROCESSING_FILE).write_text(json.dumps(model.preprocessing.to_dict(), indent=2) + "\n")
     return folder
+
+
+def merged(model: nn.Module) -> nn.Module:
+    """`model` itself, or a copy with its LoRA adapters merged into the weights (what exports write)."""
+    if not has_lora(model):
+        return model
+    copy = merge_lora(copy_module(model))
+    for name in ("tokenizer", "preprocessing", "settings"):
+        setattr(copy, name, getattr(model, name, None))
+    return copy
 
 
 def onnx_example(model: nn.Module) -> tuple[str, torch.Tensor]:
@@ -258,17 +309,20 @@ def onnx_difference(model: nn.Module, path: str | Path) -> float:
 
 
 def export_huggingface(model: nn.Module, folder: str | Path) -> Path:
-    """A GPT as a `transformers` GPT-2 folder (save_pretrained: config.json, model.safetensors, and the
-    tokenizer as a PreTrainedTokenizerFast): GPT-2 is full attention with learned positions."""
+    """A GPT as a `transformers` folder (save_pretrained: config.json, model.safetensors, and the tokenizer as a
+    PreTrainedTokenizerFast): GPT-2 (full attention, learned positions), or Llama / Qwen2 / Mistral for the
+    Llama family's blocks (GPT.to_huggingface). LoRA adapters are merged into the weights first."""
     family = family_of(model)
     if family != "gpt":
         raise UsageError(f"format=huggingface writes GPT-2 folders (model=gpt), not model={family}; valid formats "
                          f"for it: safetensors{', onnx' if family in ONNX_FAMILIES else ''}")  # fmt: skip
+    model = merged(model)
     try:
         hf_model = model.to_huggingface()
     except ValueError as error:
         raise UsageError(
-            f"format=huggingface: {error}; supported: attention=full without rope, position_bias or kv_heads"
+            f"format=huggingface: {error}; supported: attention=full without rope, position_bias or kv_heads "
+            "(GPT-2), or model=llama's blocks with full or local attention (Llama, Qwen2, Mistral)"
         ) from None
     from transformers import PreTrainedTokenizerFast
 

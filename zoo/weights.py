@@ -115,3 +115,38 @@ def checkpoint_identity(checkpoint: dict[str, Any]) -> tuple[str | None, str | N
     """(task import path, model family) of a zoo checkpoint; None where it does not say."""
     marker = checkpoint.get("zoo") or {}
     return marker.get("task"), marker.get("family") or marker.get("model") or checkpoint.get("model_family")
+
+
+HUGGINGFACE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                       "pytorch_model.bin.index.json")  # fmt: skip
+
+
+def read_huggingface_folder(folder: str | Path, what: str = "model.pretrained") -> tuple[dict[str, Any], dict]:
+    """(config.json as a dict, state dict) of a folder written by transformers' save_pretrained: one
+    model.safetensors or the shards its index names; a pickle pytorch_model.bin only if it loads as tensors
+    (weights_only=True), like every file here."""
+    import json
+
+    root = Path(folder).expanduser()
+    if not (root / "config.json").is_file():
+        raise CheckpointError(f"{what}={str(folder)!r} has no config.json; valid: a Hugging Face model folder")
+    try:
+        config = json.loads((root / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CheckpointError(f"{root / 'config.json'} is not valid JSON") from None
+    present = [name for name in HUGGINGFACE_WEIGHTS if (root / name).is_file()]
+    if not present:
+        raise CheckpointError(f"{what}={str(folder)!r} holds no weights; valid: {', '.join(HUGGINGFACE_WEIGHTS)}")
+    name = present[0]
+    if name.endswith(".index.json"):
+        weight_map = json.loads((root / name).read_text()).get("weight_map") or {}
+        files = sorted(set(weight_map.values()))
+    else:
+        files = [name]
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        part = load_file(root / file, what)
+        if not isinstance(part, dict) or not all(torch.is_tensor(value) for value in part.values()):
+            raise CheckpointError(f"{what}: {root / file} holds no state dict of tensors")
+        state.update(part)
+    return config, state

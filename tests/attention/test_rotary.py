@@ -133,7 +133,9 @@ def test_static_ntk_scaling_is_its_formula() -> None:
 def test_rope_scaling_errors_name_the_choices() -> None:
     from .test_errors_and_config import one_line_error
 
-    one_line_error(lambda: AttentionConfig(rope=True, rope_scaling="yarn"), "'yarn'", "dynamic, linear, ntk")
+    one_line_error(
+        lambda: AttentionConfig(rope=True, rope_scaling="longrope"), "'longrope'", "dynamic, linear, llama3, ntk, yarn"
+    )
     one_line_error(lambda: AttentionConfig(rope_scaling="linear"), "rope_scaling='linear'", "attention.rope=true")
     one_line_error(lambda: AttentionConfig(rope=True, rope_scaling="ntk", rope_factor=0.5), "rope_factor", "0.5")
     one_line_error(lambda: MultiHeadAttention(32, 4, rope=True, rope_scaling="dynamic"), "dynamic", "max_length")

@@ -18,6 +18,7 @@ writes its results into the run directory and prints a short summary.
 from __future__ import annotations
 
 import csv
+import json
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -411,7 +412,9 @@ def export(cfg: DictConfig) -> dict[str, float]:
     folder = output_dir(cfg) / "export"
     if form == "huggingface":
         export_huggingface(model, folder)
-        print(f"exported a GPT-2 folder to {shown_path(folder)}: transformers.GPT2LMHeadModel.from_pretrained(it)")
+        architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
+        print(f"exported a Hugging Face {architecture} folder to {shown_path(folder)}: "
+              "transformers.AutoModelForCausalLM.from_pretrained(it)")  # fmt: skip
         return {}
     if form == "onnx":
         onnx_example(model)  # a family ONNX export does not serve fails here, before anything is written

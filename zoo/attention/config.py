@@ -26,7 +26,7 @@ from torch import nn
 
 from zoo.attention.biases import POSITION_BIASES, build_position_bias, check_bucketing
 from zoo.attention.contract import BACKENDS
-from zoo.attention.positions import ROPE_SCALINGS
+from zoo.attention.positions import ROPE_SCALINGS, check_rope_parameters
 from zoo.attention.registry import VARIANTS, build_kernel, kernel_class, variant_options
 from zoo.errors import check_choice, check_positive_int
 
@@ -36,8 +36,9 @@ class AttentionConfig:
     variant: str = "full"
     rope: bool = False  # rotary positions on queries and keys (self-attention only), with any variant
     rope_base: float = 10000.0
-    rope_scaling: str | None = None  # linear | ntk | dynamic: RoPE past the trained length (needs rope)
+    rope_scaling: str | None = None  # linear | ntk | dynamic | yarn | llama3: RoPE past the trained length (needs rope)
     rope_factor: float = 1.0  # the scaling factor s of rope_scaling
+    rope_parameters: dict[str, Any] | None = None  # yarn, llama3: their further settings (transformers' names)
     position_bias: str | None = None  # alibi | t5: a relative bias on the scores (self-attention only)
     num_buckets: int = 32  # t5: distance buckets
     max_distance: int = 128  # t5: distances from here on share the last bucket
@@ -61,6 +62,8 @@ class AttentionConfig:
             default = f.default_factory() if f.default is MISSING else f.default
             setattr(self, f.name, settings.pop(f.name, default))
         self.options = {**(options or {}), **settings}
+        if self.rope_parameters:  # a plain dict, also when Hydra hands a DictConfig
+            self.rope_parameters = dict(self.rope_parameters)
         self._check()
 
     @classmethod
@@ -78,6 +81,7 @@ class AttentionConfig:
                 raise ValueError(
                     f"attention.rope_scaling={self.rope_scaling!r} scales RoPE: it needs attention.rope=true"
                 )
+        check_rope_parameters(self.rope_scaling, self.rope_parameters)
         if isinstance(self.rope_factor, bool) or not isinstance(self.rope_factor, (int, float)) or self.rope_factor < 1:
             raise ValueError(f"attention.rope_factor must be a number >= 1, got {self.rope_factor!r}")
         if self.rope_scaling in ("linear", "ntk") and self.rope_factor == 1:

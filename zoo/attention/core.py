@@ -41,6 +41,9 @@ class MultiHeadAttention(nn.Module):
     `attention` is an AttentionConfig (or a variant name); keyword settings (variant=, window=, rope=, ...)
     are AttentionConfig fields and options and take precedence over it. `shared_bias` is a position bias
     module shared with other layers (T5's one bias per stack); None builds this layer's own from the config.
+    `qkv_bias` sets the bias of `in_proj` apart from `out_proj`'s (`bias`): Qwen2 has biases on q, k, v only.
+    `qk_norm` normalises queries and keys per head with an RMSNorm before RoPE (OLMo 2, Qwen3), which keeps
+    the attention logits bounded; `norm_eps` is its epsilon.
     """
 
     def __init__(
@@ -53,6 +56,9 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         layout: TokenLayout | None = None,
         shared_bias: nn.Module | None = None,
+        qkv_bias: bool | None = None,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
         **settings: Any,
     ) -> None:
         super().__init__()
@@ -97,7 +103,7 @@ class MultiHeadAttention(nn.Module):
         if config.rope:
             self.rotary = RotaryEmbedding(
                 self.head_dim, config.rope_base, 2 if grid else 1, config.rope_scaling, config.rope_factor,
-                self.layout.max_length,
+                self.layout.max_length, config.rope_parameters,
             )  # fmt: skip
         if grid is not None:  # 2-D rotary positions of the patches (the prefix tokens sit at (0, 0))
             self.register_buffer("positions", grid_positions(grid, self.layout.prefix_tokens), persistent=False)
@@ -113,8 +119,11 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("a shared position bias was given, but attention.position_bias is null")
         # A shared module is registered in every layer that uses it, like tied weights.
         self.position_bias = shared_bias if shared_bias is not None else config.build_position_bias(num_heads, causal)
-        self.in_proj = nn.Linear(dim, (num_heads + 2 * kv_heads) * self.head_dim, bias=bias)
+        in_bias = bias if qkv_bias is None else qkv_bias
+        self.in_proj = nn.Linear(dim, (num_heads + 2 * kv_heads) * self.head_dim, bias=in_bias)
         self.out_proj = nn.Linear(dim, dim, bias=bias)
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=norm_eps) if qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=norm_eps) if qk_norm else None
 
     @property
     def variant(self) -> str:
@@ -157,6 +166,8 @@ class MultiHeadAttention(nn.Module):
             if positions is not None and self.position_bias is not None:
                 raise ValueError("explicit positions are RoPE's; attention.position_bias follows the token order")
             q, k, v = self._heads_qkv(x)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
             if self.rotary is not None:  # default positions continue after the cached tokens
                 offset = cache.offset if cache is not None else 0
                 if positions is None and self.positions is not None:
@@ -182,10 +193,14 @@ class MultiHeadAttention(nn.Module):
             w_q, w_kv = self.in_proj.weight.split(sizes)
             b_q, b_kv = self.in_proj.bias.split(sizes) if self.in_proj.bias is not None else (None, None)
             q = self._heads(F.linear(x, w_q, b_q))
+            if self.q_norm is not None:
+                q = self.q_norm(q)
             if cache is not None and cache.keys is not None:
                 k, v = cache.keys, cache.values
             else:
                 k, v = (self._heads(t) for t in F.linear(context, w_kv, b_kv).chunk(2, dim=-1))
+                if self.k_norm is not None:
+                    k = self.k_norm(k)
                 if cache is not None:
                     cache.keys, cache.values = k, v
             out, weights = self.kernel(

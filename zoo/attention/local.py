@@ -27,6 +27,7 @@ from zoo.attention.fast import use_fast_kernels
 from zoo.attention.flex import flex_pattern_attention, resolve_backend
 from zoo.attention.functional import additive_mask, dot_product_attention, evaluate_bias, masked_attention, sdpa
 from zoo.attention.global_tokens import GlobalTokenPattern, check_count
+from zoo.attention.sinks import SinkKVCache, sliding_window_attention_with_sinks
 from zoo.errors import check_positive_int
 
 # Queries per block, chosen by measurement (`experiments/attention_benchmark.py --rows local`; figures in
@@ -211,7 +212,8 @@ class LocalAttention(Kernel):
     elsewhere). Backends (attention.backend): blockwise (the CPU's auto; up to DENSE_MAX_LENGTH keys, as the
     pattern kernels, the dense band mask), flex (CUDA's auto; zoo/attention/flex.py), sdpa (one SDPA call under
     the dense band mask). `global_tokens` (g: Longformer's global tokens, the first g attending to all and all to
-    them; decoding then keeps every key).
+    them; decoding then keeps every key), `sink_tokens` (causal: every query also sees the first s tokens, which
+    the rolling cache keeps; StreamingLLM's attention sinks, zoo/attention/sinks.py; 0: none).
     """
 
     name = "local"
@@ -220,14 +222,24 @@ class LocalAttention(Kernel):
     backends = ("blockwise", "flex", "sdpa")
     example_options = ({"window": 5, "chunk_size": 4}, {"window": 64})
 
-    def __init__(self, *, window: int = 256, chunk_size: int | None = None, global_tokens: int = 0) -> None:
+    def __init__(
+        self, *, window: int = 256, chunk_size: int | None = None, global_tokens: int = 0, sink_tokens: int = 0
+    ) -> None:
         super().__init__()
         check_positive_int("attention.window (variant 'local')", window)
         check_positive_int("attention.chunk_size", chunk_size, allow_none=True)
         check_count("attention.global_tokens (variant 'local')", global_tokens)
+        if isinstance(sink_tokens, bool) or not isinstance(sink_tokens, int) or sink_tokens < 0:
+            raise ValueError(f"attention.sink_tokens must be an int >= 0 (0: no attention sinks), got {sink_tokens!r}")
+        if global_tokens and sink_tokens:
+            raise ValueError(
+                f"attention.global_tokens={global_tokens} and attention.sink_tokens={sink_tokens}: give one of them "
+                "(global tokens already attend to all and are seen by all, sinks are seen by all)"
+            )
         self.window = window
         self.chunk_size = chunk_size  # None: the measured defaults
         self.global_tokens = global_tokens
+        self.sink_tokens = sink_tokens
         if global_tokens:  # the band + global tokens through the pattern kernels' blocks
             pattern = functools.partial(band, window=window)
             parts = functools.partial(_band_parts, window=window, block=chunk_size or DEFAULT_BLOCK_SIZE)
@@ -266,6 +278,12 @@ class LocalAttention(Kernel):
                 q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
                 need_weights=need_weights, bias=bias,
             )  # fmt: skip
+        if self.sink_tokens:
+            self._check_sinks(causal, bias)
+            return sliding_window_attention_with_sinks(
+                q, k, v, self.window, self.sink_tokens, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
+                need_weights=need_weights,
+            )  # fmt: skip
         backend = resolve_backend(self.name, self.backend, q, k, dropout_p, bias, need_weights)
         if backend == "flex":
             pattern = functools.partial(band, window=self.window, causal=causal)
@@ -280,8 +298,17 @@ class LocalAttention(Kernel):
             need_weights=need_weights, block_size=self.chunk_size, bias=bias, dense=dense,
         )  # fmt: skip
 
-    def new_cache(self) -> RollingKVCache | KVCache:
-        return KVCache() if self.global_tokens else RollingKVCache(self.window)
+    def _check_sinks(self, causal: bool, bias: ScoreBias | None) -> None:
+        if not causal or bias is not None:
+            raise ValueError(
+                f"attention.sink_tokens={self.sink_tokens} keeps the first tokens of a causal window without a "
+                f"position bias; this attention is causal={causal}, position_bias={'set' if bias is not None else None}"
+            )
+
+    def new_cache(self) -> RollingKVCache | SinkKVCache | KVCache:
+        if self.global_tokens:
+            return KVCache()
+        return SinkKVCache(self.window, self.sink_tokens) if self.sink_tokens else RollingKVCache(self.window)
 
     def decode(
         self,
@@ -301,6 +328,12 @@ class LocalAttention(Kernel):
         if self.global_tokens:
             return self.global_pattern.decode(
                 q, k, v, cache, key_padding_mask=key_padding_mask, need_weights=need_weights, bias=bias
+            )
+        if self.sink_tokens:
+            self._check_sinks(True, bias)
+            keys, values, positions, padding = cache.extend(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
+            return sliding_window_attention_with_sinks(
+                q, keys, values, self.window, self.sink_tokens, positions, padding, need_weights=need_weights
             )
         keys, values, padding = cache.extend(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
         return sliding_window_attention(

@@ -6,6 +6,14 @@ L it was trained on (TokenLayout.max_length):
     ntk      static NTK-aware scaling (bloc97 2023): base -> base * s^(d / (d - 2)), d the rotated dims
     dynamic  dynamic NTK (as transformers' "dynamic" rope type): for a sequence of n > L tokens the base is
              base * (s n / L - (s - 1))^(d / (d - 2)); up to L tokens the plain base
+    yarn     YaRN (Peng et al. 2023): per frequency, a ramp from extrapolation (fast rotations, more than
+             beta_fast turns in the original length) to interpolation by s (slower than beta_slow turns),
+             and cos/sin scaled by the attention factor 0.1 ln s + 1 (eq. 21), i.e. the logits by its square
+    llama3   Llama 3.1's scaling: wavelengths longer than L / low_freq_factor interpolated by s, shorter than
+             L / high_freq_factor kept, a smooth blend between
+yarn and llama3 take further settings (attention.rope_parameters, transformers' names): original_max_position_
+embeddings (L; default the trained length), beta_fast, beta_slow, attention_factor, mscale, mscale_all_dim,
+truncate (yarn); low_freq_factor, high_freq_factor (llama3). Both equal transformers' ROPE_INIT_FUNCTIONS.
 """
 
 from __future__ import annotations
@@ -24,7 +32,66 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-ROPE_SCALINGS = ("linear", "ntk", "dynamic")
+ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3")
+# The further settings of each scaling (transformers' rope_parameters names) and their defaults.
+ROPE_PARAMETERS: dict[str, dict[str, object]] = {
+    "yarn": {"original_max_position_embeddings": None, "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": None,
+             "mscale": None, "mscale_all_dim": None, "truncate": True},
+    "llama3": {"original_max_position_embeddings": None, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+}  # fmt: skip
+
+
+def check_rope_parameters(scaling: str | None, parameters: dict | None) -> None:
+    """One-line ValueError for a rope_parameters key the scaling does not take."""
+    valid = ROPE_PARAMETERS.get(scaling or "", {})
+    unknown = sorted(set(parameters or {}) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"unknown attention.rope_parameters key {unknown[0]!r} for rope_scaling={scaling!r}; valid: "
+            f"{', '.join(valid) or 'none'}"
+        )
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature sqrt(1/t) = 0.1 mscale ln(s) + 1 (Peng et al. 2023, eq. 21)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_frequencies(dim: int, base: float, factor: float, original_length: int, settings: dict) -> tuple:
+    """(inverse frequencies, attention factor) of YaRN: NTK-by-parts interpolation (section 3.2)."""
+    attention_factor = settings["attention_factor"]
+    if attention_factor is None:
+        mscale, mscale_all_dim = settings["mscale"], settings["mscale_all_dim"]
+        if mscale and mscale_all_dim:
+            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = yarn_mscale(factor)
+
+    def dimension_of(turns: float) -> float:  # the dimension whose wavelength fits `turns` times in the length
+        return dim * math.log(original_length / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dimension_of(settings["beta_fast"]), dimension_of(settings["beta_slow"])
+    if settings["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no division by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = inverse_frequencies(dim, base)
+    extrapolated = 1 - ramp  # 1: keep the frequency (fast dimensions), 0: interpolate by the factor
+    return (extrapolation / factor) * (1 - extrapolated) + extrapolation * extrapolated, float(attention_factor)
+
+
+def llama3_frequencies(dim: int, base: float, factor: float, original_length: int, settings: dict) -> torch.Tensor:
+    """Llama 3.1's inverse frequencies: long wavelengths interpolated, short ones kept, a smooth blend between."""
+    low, high = settings["low_freq_factor"], settings["high_freq_factor"]
+    inv_freq = inverse_frequencies(dim, base)
+    wavelength = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelength > original_length / low, inv_freq / factor, inv_freq)
+    smooth = (original_length / wavelength - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelength >= original_length / high) & (wavelength <= original_length / low)
+    return torch.where(medium, blended, scaled)
 
 
 def inverse_frequencies(dim: int, base: float | torch.Tensor) -> torch.Tensor:
@@ -39,9 +106,10 @@ class RotaryEmbedding(nn.Module):
     (image patches: n_axes=2). With n axes the head dimension is split into n equal parts and each
     part is rotated by its own coordinate, as in axial 2D RoPE for ViTs (Heo et al. 2024).
 
-    `scaling` (linear | ntk | dynamic, with `factor`; see the module docstring) stretches 1-D RoPE past the
-    `trained_length`. Dynamic scaling depends on the length n = largest position + 1 of each call, as in
-    transformers: a decoding step at position p rotates its key with the base of p + 1 tokens, and keys
+    `scaling` (linear | ntk | dynamic | yarn | llama3, with `factor` and, for the last two, `parameters`; see the
+    module docstring) stretches 1-D RoPE past the `trained_length`. `attention_factor` multiplies cos and sin
+    (YaRN's temperature; 1 otherwise). Dynamic scaling depends on the length n = largest position + 1 of each
+    call, as in transformers: a decoding step at position p rotates its key with the base of p + 1 tokens, and keys
     cached earlier keep theirs, so past the trained length cached decoding differs from a full forward
     (transformers' behaviour too). Unlike transformers' module, which keeps the largest base it has seen,
     each call here depends on its own positions only.
@@ -59,6 +127,7 @@ class RotaryEmbedding(nn.Module):
         scaling: str | None = None,
         factor: float = 1.0,
         trained_length: int | None = None,
+        parameters: dict | None = None,
     ) -> None:
         super().__init__()
         if head_dim % (2 * n_axes) != 0:
@@ -74,8 +143,18 @@ class RotaryEmbedding(nn.Module):
                 )
             if scaling != "linear" and head_dim <= 2:
                 raise ValueError(f"attention.rope_scaling={scaling!r} needs head_dim > 2, got {head_dim}")
-            if scaling == "dynamic" and trained_length is None:
-                raise ValueError("attention.rope_scaling='dynamic' needs the trained length (TokenLayout.max_length)")
+            check_rope_parameters(scaling, parameters)
+            settings = {**ROPE_PARAMETERS.get(scaling, {}), **(parameters or {})}
+            if settings.get("original_max_position_embeddings", 0) is None:
+                settings["original_max_position_embeddings"] = trained_length
+            if (
+                scaling in ("dynamic", "yarn", "llama3")
+                and trained_length is None
+                and not settings.get("original_max_position_embeddings")
+            ):
+                raise ValueError(
+                    f"attention.rope_scaling={scaling!r} needs the trained length (TokenLayout.max_length)"
+                )
         self.head_dim = head_dim
         self.base = base
         self.n_axes = n_axes
@@ -83,8 +162,15 @@ class RotaryEmbedding(nn.Module):
         self.factor = factor
         self.trained_length = trained_length
         axis_dim = head_dim // n_axes
+        self.attention_factor = 1.0
         if scaling == "ntk":
             self.inv_freq = inverse_frequencies(axis_dim, base * factor ** (axis_dim / (axis_dim - 2)))
+        elif scaling == "yarn":
+            original = settings["original_max_position_embeddings"]
+            self.inv_freq, self.attention_factor = yarn_frequencies(axis_dim, base, factor, original, settings)
+        elif scaling == "llama3":
+            original = settings["original_max_position_embeddings"]
+            self.inv_freq = llama3_frequencies(axis_dim, base, factor, original, settings)
         else:
             self.inv_freq = inverse_frequencies(axis_dim, base)
         if scaling == "linear":
@@ -128,7 +214,7 @@ class RotaryEmbedding(nn.Module):
         if table is None or table[0].shape[0] < start + length:
             size = max(2 * table[0].shape[0] if table is not None else 0, start + length, 256)
             angles = self._angles(torch.arange(size, device=device), self.inv_freq)
-            table = self._tables[device] = (angles.cos(), angles.sin())
+            table = self._tables[device] = (angles.cos() * self.attention_factor, angles.sin() * self.attention_factor)
         return table[0][start : start + length], table[1][start : start + length]
 
     def cos_sin(
@@ -149,7 +235,7 @@ class RotaryEmbedding(nn.Module):
             cos, sin = self._range_cos_sin(offset, length, device)
         else:
             angles = self._angles(positions)
-            cos, sin = angles.cos(), angles.sin()
+            cos, sin = angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
         return cos.to(dtype), sin.to(dtype)
 
     def _rotate_with(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -177,8 +177,17 @@ class TextDataModule(SplitDataModule):
         self.cache_dir = cache_dir
         self.encoding = encoding
         self.tokenizer: Tokenizer | None = None
+        self.given_tokenizer: Tokenizer | None = None  # a pretrained model's (use_tokenizer), else one is trained
         self.tokens: np.ndarray | None = None
         self.splits: dict[str, np.ndarray] = {}
+
+    def use_tokenizer(self, tokenizer: Tokenizer) -> None:
+        """Tokenise the corpus with `tokenizer` (a pretrained model's) instead of training one: the text is
+        read again if it was tokenised already."""
+        if self.tokenizer is not None and tokenizer_to_string(tokenizer) == tokenizer_to_string(self.tokenizer):
+            return
+        self.given_tokenizer, self.tokenizer, self.tokens, self.splits = tokenizer, None, None, {}
+        self.setup()
 
     # -- the corpus -------------------------------------------------------------------------------
     def sources(self) -> list[Path]:
@@ -230,6 +239,8 @@ class TextDataModule(SplitDataModule):
     def cache_key(self, files: list[Path]) -> str:
         stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
         description = [CACHE_VERSION, stats, self.tokenizer_kind, self.requested_vocab_size, self.encoding]
+        if self.given_tokenizer is not None:
+            description.append(hashlib.sha256(tokenizer_to_string(self.given_tokenizer).encode()).hexdigest())
         return hashlib.sha256(json.dumps(description).encode()).hexdigest()[:16]
 
     def tokenize(self, files: list[Path], out: Any) -> tuple[Tokenizer, int, int]:
@@ -243,7 +254,11 @@ class TextDataModule(SplitDataModule):
                 chars += len(text)
                 yield text
 
-        tokenizer = train_tokenizer(self.tokenizer_kind, batched(texts(), 16), self.requested_vocab_size)
+        if self.given_tokenizer is not None:
+            tokenizer = self.given_tokenizer
+            chars = sum(len(text) for _, text in self.read_chunks(files))
+        else:
+            tokenizer = train_tokenizer(self.tokenizer_kind, batched(texts(), 16), self.requested_vocab_size)
         if chars == 0:
             raise DataError(f"the text corpus is empty: {[str(p) for p in files][:5]}")
         dtype = token_dtype(tokenizer.get_vocab_size())
@@ -253,7 +268,7 @@ class TextDataModule(SplitDataModule):
         for batch in batched(self.read_chunks(files), 16):
             encodings = tokenizer.encode_batch([text for _, text in batch], add_special_tokens=False)
             for (index, _), encoding in zip(batch, encodings):
-                if index != previous:  # a document boundary
+                if index != previous and eos is not None:  # a document boundary
                     out.write(np.array([eos], dtype=dtype).tobytes())
                     count += 1
                     previous = index

@@ -27,6 +27,7 @@ from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, TokenLayo
 from zoo.models.vit import ViT, ViTConfig
 from zoo.nn import Dropout, ModelConfig
 from zoo.nn.activations import from_huggingface_activation
+from zoo.nn.blocks import set_checkpointing
 from zoo.nn.encoder import EncoderTrunk
 from zoo.weights import read_weights
 
@@ -53,6 +54,7 @@ class TextTransformerConfig(ModelConfig):
     # (its tokenizer gives end-of-text the last id; Hugging Face configs with eos_token_id=2 keep it).
     pool: str = "eot"
     eot_token_id: int = 2
+    checkpointing: bool = False  # activation checkpointing per block: recompute in the backward, less memory
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:
@@ -141,6 +143,7 @@ class CLIPConfig(ModelConfig):
     attention: AttentionConfig | None = None  # when set, the attention of both towers (conf/attention)
     logit_scale_init: float = math.log(1 / 0.07)  # temperature 0.07 (Radford et al. 2021, section 2.5)
     logit_scale_max: float = math.log(100.0)  # logits are never scaled by more than 100
+    checkpointing: bool = False  # activation checkpointing in the blocks of both towers
 
     def __post_init__(self) -> None:
         if isinstance(self.image, dict):  # CLIP's defaults for the image tower: OpenAI's ln_pre and eps
@@ -162,6 +165,8 @@ class CLIP(nn.Module):
         self.config = config
         self.image_encoder = ViT(config.image)
         self.text_encoder = TextTransformer(config.text)
+        if config.checkpointing:
+            set_checkpointing(self, True)
         self.image_projection = nn.Linear(config.image.dim, config.embed_dim, bias=False)
         self.text_projection = nn.Linear(config.text.dim, config.embed_dim, bias=False)
         self.logit_scale = nn.Parameter(torch.tensor(float(config.logit_scale_init)))

@@ -10,21 +10,34 @@ block_size is the context the model is trained on. A model whose attention is ma
 position bias, or RoPE with a length scaling: AttentionConfig.extrapolates) takes longer sequences, and
 generates past block_size with its caches instead of cropping the context (the point of ALiBi).
 
-Weights copy one to one from and to Hugging Face `GPT2LMHeadModel` (`from_huggingface`, `to_huggingface`).
+Weights copy one to one from and to Hugging Face `GPT2LMHeadModel`, and, with the Llama family's block options
+(RMSNorm, SwiGLU, RoPE, grouped heads), `LlamaForCausalLM`, `Qwen2ForCausalLM`, `MistralForCausalLM`
+(`from_huggingface` of a model or a saved folder, `to_huggingface`; zoo/models/huggingface.py maps them).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, TokenLayout
+from zoo.errors import check_choice
+from zoo.models.huggingface import (
+    architecture_of,
+    gpt_config_from_huggingface,
+    huggingface_config,
+    state_from_huggingface,
+    state_to_huggingface,
+)
 from zoo.nn import Dropout, ModelConfig, transformer_stack
 from zoo.nn.activations import from_huggingface_activation, to_huggingface_activation
+from zoo.nn.blocks import MLPS, NORMS, build_norm
+from zoo.weights import read_huggingface_folder
 
 
 @dataclass
@@ -46,10 +59,22 @@ class GPTConfig(ModelConfig):
     activation: str = "gelu"  # GPT-2 itself: gelu_tanh
     norm_eps: float = 1e-5
     tie_weights: bool = True  # LM head shares the token embedding (Press & Wolf 2017)
+    norm: str = "layernorm"  # layernorm | rmsnorm (LLaMA)
+    mlp: str = "gelu"  # gelu (two layers, with `activation`) | swiglu | geglu (gated; mlp_dim default ~8/3 n_embd)
+    qkv_bias: bool | None = None  # biases of the q/k/v projection alone; None: as `bias` (Qwen2: true, bias false)
+    qk_norm: bool = False  # RMSNorm of queries and keys per head (OLMo 2, Qwen3)
+    checkpointing: bool = False  # activation checkpointing per block: recompute in the backward, less memory
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_choice("gpt norm", self.norm, NORMS)
+        check_choice("gpt mlp", self.mlp, MLPS)
+        for name in ("bias", "qk_norm", "checkpointing", "tie_weights") + (
+            ("qkv_bias",) if self.qkv_bias is not None else ()
+        ):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"gpt {name} must be true or false, got {getattr(self, name)!r}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd must be divisible by n_head, got n_embd={self.n_embd} and n_head={self.n_head}")
 
@@ -77,8 +102,13 @@ class GPT(nn.Module):
             bias=config.bias,
             norm_eps=config.norm_eps,
             layout=TokenLayout(max_length=config.block_size),
+            norm=config.norm,
+            mlp=config.mlp,
+            qkv_bias=config.qkv_bias,
+            qk_norm=config.qk_norm,
+            checkpointing=config.checkpointing,
         )
-        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+        self.ln_f = build_norm(config.norm, config.n_embd, config.norm_eps, config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.wte.weight
@@ -212,44 +242,60 @@ class GPT(nn.Module):
     # -- Hugging Face GPT-2 interop ------------------------------------------------------------------
 
     @classmethod
-    def from_huggingface(cls, model: Any) -> GPT:
-        """A zoo GPT with the weights of a `transformers` GPT2LMHeadModel (any size: gpt2 ... gpt2-xl).
-
-        GPT-2 keeps Conv1D weights as (in, out); nn.Linear wants (out, in), hence the transposes.
+    def from_huggingface(cls, model: Any, attention: dict[str, Any] | None = None) -> GPT:
+        """A zoo GPT with the weights of a `transformers` causal LM: GPT2LMHeadModel (any size), LlamaForCausalLM,
+        Qwen2ForCausalLM or MistralForCausalLM, given as the model or as a folder written by save_pretrained
+        (config.json and *.safetensors, read by zoo.weights). `attention` replaces fields of the attention the
+        checkpoint describes (e.g. {"variant": "local", "window": 1024}, {"rope_scaling": "yarn", ...}).
         """
-        hf = model.config
-        if getattr(hf, "scale_attn_by_inverse_layer_idx", False) or not getattr(hf, "scale_attn_weights", True):
+        if isinstance(model, (str, Path)):
+            config, state = read_huggingface_folder(model)
+        else:
+            config, state = model.config.to_dict(), model.state_dict()
+        if architecture_of(config) == "gpt2":
+            fields, state = _gpt2_from_huggingface(config, state)
+        else:
+            fields = gpt_config_from_huggingface(config)
+            state = state_from_huggingface(state, fields["n_layer"])
+        if attention:
+            fields["attention"] = {**fields["attention"], **attention}
+        gpt = cls(GPTConfig(**fields))
+        missing, unexpected = gpt.load_state_dict(state, strict=False)
+        missing = [name for name in missing if not (name == "lm_head.weight" and gpt.config.tie_weights)]
+        if missing or unexpected:
             raise ValueError(
-                "only GPT-2 attention scaled by 1/sqrt(head_dim) is supported (scale_attn_weights=True, "
-                "scale_attn_by_inverse_layer_idx=False)"
+                f"the Hugging Face weights do not fit the model its config describes: missing {missing[:4]}, "
+                f"unexpected {unexpected[:4]}"
             )
-        config = GPTConfig(
-            vocab_size=hf.vocab_size,
-            block_size=hf.n_positions,
-            n_layer=hf.n_layer,
-            n_head=hf.n_head,
-            n_embd=hf.n_embd,
-            mlp_dim=hf.n_inner or 4 * hf.n_embd,
-            dropout=hf.resid_pdrop,
-            bias=True,
-            activation=from_huggingface_activation(hf.activation_function),
-            norm_eps=hf.layer_norm_epsilon,
-            tie_weights=bool(getattr(hf, "tie_word_embeddings", True)),
-            attention=AttentionConfig(dropout=hf.attn_pdrop),
-        )
-        gpt = cls(config)
-        source = model.state_dict()
-        state = {}
-        for hf_name, zoo_name, transpose in _huggingface_names(config.n_layer):
-            if hf_name == "lm_head.weight" and hf_name not in source:
-                hf_name = "transformer.wte.weight"  # tied and stored once
-            tensor = source[hf_name]
-            state[zoo_name] = tensor.t() if transpose else tensor
-        gpt.load_state_dict(state, strict=True)
-        return gpt.to(next(model.parameters()).dtype)
+        dtype = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
+        return gpt.to(dtype)
 
     def to_huggingface(self) -> Any:
-        """The same network as a `transformers` GPT2LMHeadModel (full attention, learned positions only)."""
+        """The same network as a `transformers` model: GPT2LMHeadModel for a GPT-2 shaped one (LayerNorm, GELU
+        MLP, full attention, learned positions); LlamaForCausalLM, Qwen2ForCausalLM or MistralForCausalLM for
+        one with RMSNorm, a gated MLP and RoPE (see zoo.models.huggingface.huggingface_config). ValueError naming
+        what neither has."""
+        if self.config.norm == "layernorm" and self.config.mlp == "gelu":
+            return self._to_gpt2()
+        return self._to_llama_family()
+
+    def _to_llama_family(self) -> Any:
+        import transformers
+
+        config = self.config
+        architecture, fields = huggingface_config(config)
+        hf_config = getattr(transformers, architecture.replace("ForCausalLM", "Config"))(**fields)
+        model = getattr(transformers, architecture)(hf_config)
+        kv_dim = (config.attention.kv_heads or config.n_head) * (config.n_embd // config.n_head)
+        state = state_to_huggingface(self.state_dict(), config.n_layer, config.n_embd, kv_dim)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise RuntimeError(
+                f"{architecture} export left weights unmatched: missing {missing}, unexpected {unexpected}"
+            )
+        return model.to(self.wte.weight.dtype)
+
+    def _to_gpt2(self) -> Any:
         from transformers import GPT2Config, GPT2LMHeadModel
 
         config = self.config
@@ -287,6 +333,44 @@ class GPT(nn.Module):
         if missing or unexpected:
             raise RuntimeError(f"GPT-2 export left weights unmatched: missing {missing}, unexpected {unexpected}")
         return model.to(self.wte.weight.dtype)
+
+
+# transformers' GPT2Config defaults of the fields read below, for config.json files that leave them out.
+GPT2_DEFAULTS = {"n_positions": 1024, "n_inner": None, "activation_function": "gelu_new", "resid_pdrop": 0.1,
+                 "attn_pdrop": 0.1, "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
+                 "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False}  # fmt: skip
+
+
+def _gpt2_from_huggingface(config: dict[str, Any], source: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """GPTConfig fields and zoo state dict of a GPT-2 config.json and state dict. GPT-2 keeps Conv1D weights as
+    (in, out); nn.Linear wants (out, in), hence the transposes."""
+    hf = {**GPT2_DEFAULTS, **config}
+    if hf["scale_attn_by_inverse_layer_idx"] or not hf["scale_attn_weights"]:
+        raise ValueError(
+            "only GPT-2 attention scaled by 1/sqrt(head_dim) is supported (scale_attn_weights=True, "
+            "scale_attn_by_inverse_layer_idx=False)"
+        )
+    fields = dict(
+        vocab_size=hf["vocab_size"],
+        block_size=hf["n_positions"],
+        n_layer=hf["n_layer"],
+        n_head=hf["n_head"],
+        n_embd=hf["n_embd"],
+        mlp_dim=hf["n_inner"] or 4 * hf["n_embd"],
+        dropout=hf["resid_pdrop"],
+        bias=True,
+        activation=from_huggingface_activation(hf["activation_function"]),
+        norm_eps=hf["layer_norm_epsilon"],
+        tie_weights=bool(hf["tie_word_embeddings"]),
+        attention={"dropout": hf["attn_pdrop"]},
+    )
+    state = {}
+    for hf_name, zoo_name, transpose in _huggingface_names(fields["n_layer"]):
+        if hf_name not in source and hf_name == "lm_head.weight":
+            continue  # tied and stored once
+        tensor = source[hf_name]
+        state[zoo_name] = tensor.t() if transpose else tensor
+    return fields, state
 
 
 def _huggingface_names(n_layer: int) -> list[tuple[str, str, bool]]:

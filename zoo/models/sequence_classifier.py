@@ -47,6 +47,7 @@ class SequenceClassifierConfig(ModelConfig):
     activation: str = "gelu"
     norm_eps: float = 1e-5
     bias: bool = True
+    checkpointing: bool = False  # activation checkpointing per block: recompute in the backward, less memory
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:

@@ -60,6 +60,7 @@ class TranslationConfig(ModelConfig):
     # Settings of `attention` that differ in the encoder's self-attention (e.g. {"variant": "compressed"}); the
     # positions (rope, position_bias) stay those of both stacks.
     encoder_attention: dict[str, Any] | None = None
+    checkpointing: bool = False  # activation checkpointing per block: recompute in the backward, less memory
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -128,6 +129,7 @@ class TranslationTransformer(nn.Module):
                 activation=c.activation,
                 norm_eps=c.norm_eps,
                 layout=TokenLayout(max_length=c.max_length),
+                checkpointing=c.checkpointing,
             )
 
         self.encoder = stack(c.encoder_layers, decoder=False)

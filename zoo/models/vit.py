@@ -74,6 +74,7 @@ class ViTConfig(ModelConfig):
     norm_eps: float = 1e-6
     pre_norm: bool = False  # an extra LayerNorm before the blocks (OpenAI CLIP's ln_pre)
     bias: bool = True
+    checkpointing: bool = False  # activation checkpointing per block: recompute in the backward, less memory
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:

@@ -2,9 +2,10 @@
 
 One block serves encoder (self-attention + MLP), decoder (masked self-attention + cross-attention
 + MLP), pre-norm (GPT, ViT, CLIP) and post-norm (Vaswani et al. 2017) alike; its attention always
-comes from zoo.attention. Models build their stacks of blocks with `transformer_stack`, which gives all
-blocks of a stack one position bias when the attention config shares it (T5), so that no model needs to
-know about biases.
+comes from zoo.attention. The Llama family's choices are options of the same block: RMSNorm for LayerNorm,
+a gated MLP (SwiGLU, GeGLU) for the GELU one, biases per projection, RMSNorm of queries and keys. Models
+build their stacks of blocks with `transformer_stack`, which gives all blocks of a stack one position bias
+when the attention config shares it (T5), so that no model needs to know about biases.
 """
 
 from __future__ import annotations
@@ -13,11 +14,50 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from zoo.attention import AttentionConfig, MultiHeadAttention, TokenLayout
+from zoo.errors import check_choice
 from zoo.nn.activations import get_activation
 from zoo.nn.dropout import Dropout
+
+NORMS = ("layernorm", "rmsnorm")
+# gelu: the two-layer MLP of GPT-2 / ViT (its `activation` picks gelu, gelu_tanh, relu, ...); swiglu, geglu: gated.
+MLPS = ("gelu", "swiglu", "geglu")
+GATE_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu"}
+
+
+def build_norm(kind: str, dim: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
+    """layernorm (Ba et al. 2016) or rmsnorm (Zhang & Sennrich 2019: no centring, no bias; LLaMA)."""
+    check_choice("norm", kind, NORMS)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(dim, eps=eps)
+    return nn.LayerNorm(dim, eps=eps, bias=bias)
+
+
+def mlp_hidden_dim(kind: str, dim: int) -> int:
+    """The usual hidden size: 4 dim; for a gated MLP 2/3 of that (same parameters as the ungated one, Shazeer
+    2020), rounded up to a multiple of 64 as LLaMA rounds to its `multiple_of`."""
+    check_choice("mlp", kind, MLPS)
+    if kind == "gelu":
+        return 4 * dim
+    return -(-(8 * dim) // (3 * 64)) * 64
+
+
+def build_mlp(
+    kind: str,
+    dim: int,
+    hidden_dim: int | None = None,
+    activation: str = "gelu",
+    dropout: float = 0.0,
+    bias: bool = True,
+) -> nn.Module:
+    """The MLP of kind gelu (with `activation`), swiglu or geglu; hidden_dim None follows `mlp_hidden_dim`."""
+    hidden_dim = hidden_dim or mlp_hidden_dim(kind, dim)
+    if kind == "gelu":
+        return MLP(dim, hidden_dim, activation, dropout, bias)
+    return GatedMLP(dim, hidden_dim, GATE_ACTIVATIONS[kind], dropout, bias)
 
 
 class MLP(nn.Module):
@@ -32,6 +72,23 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.dropout(self.act(self.fc1(x))))
+
+
+class GatedMLP(nn.Module):
+    """Gated linear unit MLP (Shazeer 2020, "GLU Variants Improve Transformer"): fc2(act(gate(x)) * fc1(x)).
+    silu gives SwiGLU (LLaMA, Mistral, Qwen2), gelu GeGLU; gate, fc1, fc2 are LLaMA's gate_proj, up_proj,
+    down_proj."""
+
+    def __init__(self, dim: int, hidden_dim: int, activation: str = "silu", dropout: float = 0.0, bias: bool = False):
+        super().__init__()
+        self.gate = nn.Linear(dim, hidden_dim, bias=bias)
+        self.fc1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.act = get_activation(activation)
+        self.dropout = Dropout(dropout)
+        self.fc2 = nn.Linear(hidden_dim, dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.dropout(self.act(self.gate(x)) * self.fc1(x)))
 
 
 class DropPath(nn.Module):
@@ -61,7 +118,7 @@ class TransformerBlock(nn.Module):
     Args:
         dim: model width (embedding size of each token).
         num_heads: attention heads (query heads; key/value heads come from `attention.kv_heads`).
-        mlp_dim: hidden width of the MLP (None: 4 * dim).
+        mlp_dim: hidden width of the MLP (None: mlp_hidden_dim's rule: 4 * dim, or 8/3 * dim for gated MLPs).
         attention: the self-attention's variant and options (None: full attention's defaults).
         causal: each token attends to earlier positions only (decoders).
         cross_attention: add a cross-attention sublayer over an encoder's memory (`context` in forward).
@@ -70,10 +127,15 @@ class TransformerBlock(nn.Module):
         dropout: dropout after each sublayer and inside the MLP.
         drop_path: stochastic depth, the probability of skipping a sublayer's residual branch per sample.
         activation: the MLP's activation (zoo/nn/activations.py).
-        bias: biases in the linear layers and LayerNorms.
-        norm_eps: LayerNorm epsilon.
+        bias: biases in the linear layers and norms.
+        norm_eps: the norms' epsilon.
         layout: the token layout (sequence or patch grid with prefix tokens) for positions and patterns.
         shared_bias: a position-bias module shared by all blocks (e.g. T5's table), or None.
+        norm: layernorm | rmsnorm (every norm of the block).
+        mlp: gelu (ungated, with `activation`) | swiglu | geglu.
+        qkv_bias: biases of the q/k/v projection alone (Qwen2); None: as `bias`.
+        qk_norm: RMSNorm of queries and keys per head (OLMo 2, Qwen3).
+        checkpointing: recompute the block in the backward instead of keeping its activations (training only).
     """
 
     def __init__(
@@ -93,14 +155,23 @@ class TransformerBlock(nn.Module):
         norm_eps: float = 1e-5,
         layout: TokenLayout | None = None,
         shared_bias: nn.Module | None = None,
+        norm: str = "layernorm",
+        mlp: str = "gelu",
+        qkv_bias: bool | None = None,
+        qk_norm: bool = False,
+        checkpointing: bool = False,
     ) -> None:
         super().__init__()
         attention = attention or AttentionConfig()
+        check_choice("norm", norm, NORMS)
+        check_choice("mlp", mlp, MLPS)
         self.norm_first = norm_first
+        self.checkpointing = checkpointing
         self.self_attn = MultiHeadAttention(
-            dim, num_heads, attention, causal=causal, bias=bias, layout=layout, shared_bias=shared_bias
-        )
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+            dim, num_heads, attention, causal=causal, bias=bias, layout=layout, shared_bias=shared_bias,
+            qkv_bias=qkv_bias, qk_norm=qk_norm, norm_eps=norm_eps,
+        )  # fmt: skip
+        self.norm1 = build_norm(norm, dim, norm_eps, bias)
         self.dropout1 = Dropout(dropout)
         self.cross_attn = None
         if cross_attention:
@@ -109,11 +180,13 @@ class TransformerBlock(nn.Module):
             cross = AttentionConfig(
                 variant=cross_attention_variant, dropout=attention.dropout, kv_heads=attention.kv_heads
             )
-            self.cross_attn = MultiHeadAttention(dim, num_heads, cross, bias=bias)
-            self.norm_cross = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+            self.cross_attn = MultiHeadAttention(
+                dim, num_heads, cross, bias=bias, qkv_bias=qkv_bias, qk_norm=qk_norm, norm_eps=norm_eps
+            )
+            self.norm_cross = build_norm(norm, dim, norm_eps, bias)
             self.dropout_cross = Dropout(dropout)
-        self.mlp = MLP(dim, mlp_dim or 4 * dim, activation, dropout, bias)
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+        self.mlp = build_mlp(mlp, dim, mlp_dim, activation, dropout, bias)
+        self.norm2 = build_norm(norm, dim, norm_eps, bias)
         self.dropout2 = Dropout(dropout)
         self.drop_path = DropPath(drop_path)
 
@@ -138,6 +211,25 @@ class TransformerBlock(nn.Module):
         With need_weights, also returns the attention probabilities {"self": (B, H, T, T), "cross":
         (B, H, T, S)} (slower: for inspection, e.g. alignment plots).
         """
+        if self.checkpointing and self.training and torch.is_grad_enabled() and cache is None and not need_weights:
+            # Activation checkpointing (Chen et al. 2016): keep the block's input only, recompute the rest in the
+            # backward. Non-reentrant, so that it works with inputs that need no gradient and with kwargs.
+            return torch.utils.checkpoint.checkpoint(
+                self._forward, x, key_padding_mask, context, context_padding_mask, None, positions, False,
+                use_reentrant=False,
+            )  # fmt: skip
+        return self._forward(x, key_padding_mask, context, context_padding_mask, cache, positions, need_weights)
+
+    def _forward(
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None,
+        context: torch.Tensor | None,
+        context_padding_mask: torch.Tensor | None,
+        cache: dict[str, Any] | None,
+        positions: torch.Tensor | None,
+        need_weights: bool,
+    ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
         self_cache = cache["self"] if cache is not None else None
         weights: dict[str, torch.Tensor] = {}
 
@@ -172,6 +264,14 @@ class TransformerBlock(nn.Module):
                 x = self.norm_cross(x + cross_attention(x))
             x = self.norm2(x + feed_forward(x))
         return (x, weights) if need_weights else x
+
+
+def set_checkpointing(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Switch activation checkpointing on or off in every TransformerBlock of `model`; returns the model."""
+    for module in model.modules():
+        if isinstance(module, TransformerBlock):
+            module.checkpointing = enabled
+    return model
 
 
 def transformer_stack(

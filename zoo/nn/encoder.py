@@ -60,6 +60,7 @@ class EncoderTrunk(nn.Module):
             norm_eps=config.norm_eps,
             layout=layout,
             norm_first=True,
+            checkpointing=getattr(config, "checkpointing", False),
         )
         self.norm = nn.LayerNorm(config.dim, eps=config.norm_eps, bias=norm_bias)
         num_classes = getattr(config, "num_classes", 0)

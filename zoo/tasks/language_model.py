@@ -22,7 +22,9 @@ from tokenizers import Tokenizer
 from zoo.data.tokenizers import encode_text, tokenizer_kind, tokenizer_to_string
 from zoo.errors import AttentionPlacement
 from zoo.models.gpt import GPT, GPTConfig, SamplingConfig
+from zoo.nn.lora import LoRAConfig, adapter_state_dict, add_lora
 from zoo.tasks.base import ZooTask
+from zoo.training.checkpoints import ADAPTERS_ONLY
 from zoo.training.loggers import log_text_table
 
 # The text logged at each validation: a prompt, a seed of its own, and how to sample (SamplingConfig).
@@ -31,7 +33,17 @@ SAMPLE_DEFAULTS = {"prompt": "\n", "seed": 0, **asdict(SamplingConfig())}
 
 class LanguageModelTask(ZooTask):
     """net: GPTConfig fields (vocab_size null = the tokenizer's); sample: the text generated at each
-    validation {prompt, seed, max_new_tokens, temperature, top_k, top_p} (max_new_tokens 0: none)."""
+    validation {prompt, seed, max_new_tokens, temperature, top_k, top_p} (max_new_tokens 0: none).
+
+    pretrained: a Hugging Face folder (Llama, Qwen2, Mistral, GPT-2: config.json + safetensors, GPT.from_huggingface)
+    to start from: its config replaces net's architecture and its tokenizer.json the data's tokenizer. Of net's
+    attention only what a user changes on purpose applies: a variant other than full (with its options), a
+    rope_scaling; the checkpoint's own (RoPE base, grouped heads, Mistral's window) stays otherwise.
+
+    lora: zoo.nn.lora.LoRAConfig fields (rank 0: off): adapters on the network, the rest frozen. With a
+    pretrained base, checkpoints hold the adapters only and name the base folder (hparams `pretrained`);
+    zoo.load rebuilds base + adapters and merges them.
+    """
 
     family = "gpt"
     attention_placements = (
@@ -45,6 +57,8 @@ class LanguageModelTask(ZooTask):
         scheduler: dict[str, Any] | None = None,
         sample: dict[str, Any] | None = None,
         compile: bool = False,
+        pretrained: str | None = None,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(optimizer, scheduler, compile)
         self.save_hyperparameters()
@@ -53,14 +67,33 @@ class LanguageModelTask(ZooTask):
             raise ValueError(f"unknown model.sample options {sorted(unknown)}; valid: {sorted(SAMPLE_DEFAULTS)}")
         self.sample_config = {**SAMPLE_DEFAULTS, **(sample or {})}
         self.sampling = SamplingConfig(**{k: self.sample_config[k] for k in asdict(SamplingConfig())})
-        self.net: GPT | None = GPT(GPTConfig.from_dict(net)) if net.get("vocab_size") is not None else None
+        self.lora = LoRAConfig(**(lora or {}))
+        self.net: GPT | None = None
         self.tokenizer: Tokenizer | None = None
+        if pretrained:
+            net_config = GPTConfig.from_dict(net) if net.get("vocab_size") is not None else None
+            changes = net_config.attention.to_dict() if net_config else attention_changes(net.get("attention"))
+            self.net = GPT.from_huggingface(pretrained, attention=changes)
+            self.net.train()
+            tokenizer_file = Path(pretrained).expanduser() / "tokenizer.json"
+            if tokenizer_file.is_file():
+                self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+            # Checkpoints then describe the imported architecture themselves; without LoRA they hold every weight
+            # and reload without the folder, with LoRA they hold the adapters and name the folder as their base.
+            base = str(Path(pretrained).expanduser().resolve()) if self.lora.enabled else None
+            self.hparams["net"], self.hparams["pretrained"] = self.net.config.to_dict(), base
+            self._add_lora()
+        elif net.get("vocab_size") is not None:
+            self.net = GPT(GPTConfig.from_dict(net))
+            self._add_lora()
         self.val_loss, self.test_loss = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
         self._step_start: float | None = None
 
     # -- model and tokenizer from the data ------------------------------------------------------------
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if self.tokenizer is not None and hasattr(datamodule, "use_tokenizer"):  # pretrained: speak its language
+            datamodule.use_tokenizer(self.tokenizer)
         tokenizer = getattr(datamodule, "tokenizer", None)
         if tokenizer is None:
             return
@@ -69,6 +102,7 @@ class LanguageModelTask(ZooTask):
         if self.net is None:
             self.hparams.net = {**self.hparams.net, "vocab_size": vocab_size}
             self.net = GPT(GPTConfig.from_dict(self.hparams.net))
+            self._add_lora()
         elif self.net.config.vocab_size < vocab_size:
             raise ValueError(
                 f"model.net.vocab_size={self.net.config.vocab_size} is smaller than the tokenizer's vocabulary "
@@ -81,6 +115,21 @@ class LanguageModelTask(ZooTask):
                 f"data.block_size={block_size} exceeds the model's block_size={self.net.config.block_size}; "
                 f"use data.block_size <= {self.net.config.block_size}"
             )
+
+    def _add_lora(self) -> None:
+        if self.lora.enabled:
+            add_lora(self.net, self.lora)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.lora.enabled and self.hparams.get("pretrained"):  # the base is named: keep the adapters only
+            checkpoint["state_dict"] = adapter_state_dict(checkpoint["state_dict"])
+            checkpoint[ADAPTERS_ONLY] = True
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.lora.enabled and self.hparams.get("pretrained") and self.net is not None:
+            checkpoint["state_dict"] = {**self.state_dict(), **checkpoint["state_dict"]}  # the base, from its folder
+        super().on_load_checkpoint(checkpoint)
 
     def _adopt_tokenizer(self, tokenizer: Tokenizer, source: str) -> None:
         """Take `tokenizer` (from `source`: "data" or "checkpoint"), unless the model already has a different
@@ -166,6 +215,20 @@ class LanguageModelTask(ZooTask):
         if root.is_dir():
             with open(root / "samples.txt", "a", encoding="utf-8") as handle:
                 handle.write(f"--- step {step} ---\n{text}\n")
+
+
+def attention_changes(attention: Any) -> dict[str, Any]:
+    """The attention settings a user asked for on purpose over a pretrained checkpoint's: a variant other than
+    full (with its options), a RoPE scaling (with its factor and parameters)."""
+    attention = dict(attention or {})
+    changes: dict[str, Any] = {}
+    if attention.get("variant", "full") != "full":
+        shared = {"rope", "rope_base", "rope_scaling", "rope_factor", "rope_parameters", "position_bias",
+                  "num_buckets", "max_distance", "share_bias", "kv_heads", "dropout"}  # fmt: skip
+        changes.update({key: value for key, value in attention.items() if key not in shared})
+    if attention.get("rope_scaling"):
+        changes.update({key: attention.get(key) for key in ("rope_scaling", "rope_factor", "rope_parameters")})
+    return changes
 
 
 def describe(tokenizer: Tokenizer) -> str:
