@@ -16,6 +16,7 @@ OPTIONS = {  # small settings under which each pattern is far from full attentio
     "linear": {"chunk_size": 8},
     "sparse": {"stride": 5},
     "axial": {"row_length": 6},
+    "additive": {"chunk_size": 7},
 }
 CASES = [(variant, OPTIONS[variant], False) for variant in causal_variants()]
 CASES.append(("sparse", {"pattern": "fixed", "stride": 6, "summary": 2}, False))

@@ -24,7 +24,7 @@ def one_line_error(build, *fragments: str) -> None:
         assert fragment in message, message
 
 
-ALL = "['axial', 'compressed', 'full', 'linear', 'local', 'sparse']"
+ALL = "['additive', 'axial', 'compressed', 'full', 'linear', 'local', 'sparse']"
 
 
 def test_unknown_variant_names_the_choices() -> None:
@@ -49,7 +49,9 @@ def test_bad_chunk_size_and_dropout() -> None:
 
 def test_local_cross_attention_names_the_variants_that_support_it() -> None:
     module = MultiHeadAttention(16, 2, variant="local", window=4)
-    one_line_error(lambda: module(torch.randn(1, 3, 16), torch.randn(1, 5, 16)), "'local'", "['full', 'linear']")
+    one_line_error(
+        lambda: module(torch.randn(1, 3, 16), torch.randn(1, 5, 16)), "'local'", "['additive', 'full', 'linear']"
+    )
 
 
 DROPOUT_CASES = {  # variant: (options, causal)
@@ -59,6 +61,7 @@ DROPOUT_CASES = {  # variant: (options, causal)
     "sparse": ({"stride": 3}, True),
     "axial": ({"row_length": 4}, True),
     "compressed": ({"compressed_length": 6}, False),
+    "additive": ({"chunk_size": 5}, True),
 }
 
 
@@ -120,8 +123,11 @@ def test_every_variant_keeps_the_parameter_names_so_checkpoints_switch_variant()
         module = MultiHeadAttention(16, 2, variant=variant, causal=causal, layout=layout, **options)
         result = module.load_state_dict(full, strict=False)
         assert not result.unexpected_keys
-        extra = ["kernel.key_projection", "kernel.value_projection"] if variant == "compressed" else []
-        assert sorted(result.missing_keys) == extra, variant  # the compressed kernel adds its projections
+        extra = {
+            "compressed": ["kernel.key_projection", "kernel.value_projection"],
+            "additive": ["kernel.score_vectors"],
+        }
+        assert sorted(result.missing_keys) == extra.get(variant, []), variant  # kernels' own parameters
         torch.testing.assert_close(module.in_proj.weight, full["in_proj.weight"])
 
 

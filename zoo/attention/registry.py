@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from zoo.attention.additive import AdditiveAttention
 from zoo.attention.axial import AxialAttention
 from zoo.attention.compressed import CompressedAttention
 from zoo.attention.contract import Kernel
@@ -33,6 +34,7 @@ VARIANTS: dict[str, type[Kernel]] = {
     "sparse": SparseAttention,
     "axial": AxialAttention,
     "compressed": CompressedAttention,
+    "additive": AdditiveAttention,
 }
 
 
