@@ -108,8 +108,21 @@ def test_additive_scores_change_with_the_score_vector_and_block_size_does_not() 
 def test_additive_attention_errors_name_the_option() -> None:
     with pytest.raises(ValueError, match="chunk_size"):
         AdditiveAttention(chunk_size=0)
-    with pytest.raises(ValueError, match="position_bias"):
-        MultiHeadAttention(8, 2, variant="additive", position_bias="alibi")
+
+
+def test_a_position_bias_adds_to_the_additive_scores_and_decodes() -> None:
+    torch.manual_seed(0)
+    module = MultiHeadAttention(8, 2, variant="additive", causal=True, position_bias="alibi").double().eval()
+    x = torch.randn(1, 6, 8, dtype=torch.float64)
+    out, weights = module(x, need_weights=True)
+    plain = MultiHeadAttention(8, 2, variant="additive", causal=True).double().eval()
+    plain.load_state_dict(module.state_dict(), strict=False)
+    _, expected = reference(plain, x, None, None, causal=True)
+    scores = expected.log() + module.position_bias(torch.arange(6), torch.arange(6))  # log p = e - logsumexp
+    torch.testing.assert_close(weights, torch.softmax(scores, dim=-1), atol=1e-12, rtol=1e-12)
+    cache = module.new_cache()
+    steps = torch.cat([module(x[:, t : t + 1], cache=cache) for t in range(6)], dim=1)
+    torch.testing.assert_close(steps, out, atol=1e-12, rtol=1e-12)
 
 
 def test_additive_attention_declares_example_options_it_accepts() -> None:

@@ -132,7 +132,7 @@ def test_every_variant_keeps_the_parameter_names_so_checkpoints_switch_variant()
 
 
 def test_position_bias_errors_name_the_choices() -> None:
-    takers = "['axial', 'full', 'local', 'sparse']"
+    takers = "['additive', 'axial', 'full', 'local', 'sparse']"
     one_line_error(lambda: AttentionConfig(variant="linear", position_bias="alibi"), "'alibi'", takers)
     one_line_error(lambda: AttentionConfig(position_bias="rotary"), "'rotary'", "alibi, t5")
     one_line_error(lambda: AttentionConfig(position_bias="t5", num_buckets=2), "num_buckets", "2")

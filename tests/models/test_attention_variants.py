@@ -75,7 +75,7 @@ def test_every_model_trains_with_every_attention_it_allows(model: str, name: str
             STEPS[model](config)
         message = str(info.value)
         assert "\n" not in message and f"{config.variant!r} is bidirectional only" in message
-        assert "valid choices: ['axial', 'full', 'linear', 'local', 'sparse']" in message
+        assert "valid choices: ['additive', 'axial', 'full', 'linear', 'local', 'sparse']" in message
         return
     loss = STEPS[model](config)
     loss.backward()

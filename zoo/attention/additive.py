@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from zoo.attention.cache import KVCache, new_tokens_padding
 from zoo.attention.contract import HeadLayout, Kernel, ScoreBias
-from zoo.attention.functional import causal_mask, repeat_kv
+from zoo.attention.functional import causal_mask, evaluate_bias, repeat_kv
 from zoo.errors import check_positive_int
 
 # Elements of one block's tanh(q_i + k_j) tensor when chunk_size is not given (2^22 fp32 values: 16 MiB).
@@ -41,8 +41,8 @@ def additive_scores(q: torch.Tensor, k: torch.Tensor, score_vectors: torch.Tenso
 
 class AdditiveAttention(Kernel):
     """Bahdanau attention on projected heads: self- and cross-attention, causal or not, key padding, dropout,
-    need_weights, grouped key/value heads, decoding from a KVCache. No position bias (its scores are not scaled
-    dot products that ALiBi / T5 were defined on).
+    need_weights, grouped key/value heads, decoding from a KVCache, and a position bias (ALiBi, T5) added to the
+    scores before the softmax, as for dot-product scores.
 
     Options: `chunk_size`, the queries whose (chunk_size, S, head_dim) intermediate is formed at once (None:
     the largest block under 2^22 elements).
@@ -51,7 +51,7 @@ class AdditiveAttention(Kernel):
     name = "additive"
     supports_cross_attention = True
     supports_causal = True
-    supports_position_bias = False
+    supports_position_bias = True
     example_options: ClassVar[tuple[dict[str, Any], ...]] = ({}, {"chunk_size": 3})
 
     def __init__(self, *, chunk_size: int | None = None) -> None:
@@ -96,13 +96,15 @@ class AdditiveAttention(Kernel):
         key_padding_mask: torch.Tensor | None = None,
         dropout_p: float = 0.0,
         need_weights: bool = False,
-        bias: ScoreBias | None = None,  # never given: supports_position_bias is False
+        bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q (B, H, T, D), k/v (B, G, S, D) -> (B, H, T, D) and, if asked, probabilities (B, H, T, S). Causal
         with fewer queries than keys: the queries are the last positions (decoding)."""
         groups = q.shape[1] // k.shape[1]
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # the O(T S d) scores dwarf the copy of k and v
         scores = self.scores(q, k)
+        if bias is not None:  # the queries are the last positions of the keys (as full attention's)
+            scores = scores + evaluate_bias(bias, q.shape[2], k.shape[2], q.device).to(scores.dtype)
         allowed = None
         if key_padding_mask is not None:
             allowed = ~key_padding_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
@@ -137,4 +139,7 @@ class AdditiveAttention(Kernel):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """New queries (B, H, t, D) attend causally to the cached keys and their own; weights (B, H, t, offset + t)."""
         keys, values = cache.append(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
-        return self(q, keys, values, causal=True, key_padding_mask=cache.key_padding_mask(), need_weights=need_weights)
+        return self(
+            q, keys, values, causal=True, key_padding_mask=cache.key_padding_mask(), need_weights=need_weights,
+            bias=bias,
+        )  # fmt: skip
