@@ -22,6 +22,12 @@ def test_the_fitted_exponent_recovers_a_power_law() -> None:
     assert rnn_vs_transformer.fitted_exponent((32,), [1.0]) is None
 
 
+def test_crossing_lists_the_lengths_where_the_rnn_step_is_cheaper() -> None:
+    sweep = {"lengths": [32, 64, 128], "seconds": {"fixed": [1.0, 2.0, 4.0], "transformer": [2.0, 2.5, 3.0]}}
+    assert rnn_vs_transformer.crossing(sweep) == {"fixed": [32, 64]}
+    assert rnn_vs_transformer.crossing({"lengths": [32], "seconds": {"fixed": [1.0]}}) == {}
+
+
 def test_the_step_time_sweep_runs_every_row_and_gpu_check_can_call_it() -> None:
     sweep = gpu_check.rnn_step_times("cpu", lengths=(4, 8))
     assert set(sweep["seconds"]) == set(rnn_vs_transformer.ROWS)
