@@ -158,6 +158,15 @@ def gpt2_small_mfu(steps: int = 30, warmup: int = 5, batch: int = 16) -> dict:
     }  # fmt: skip
 
 
+def rnn_step_times(device: str = "cuda", lengths: tuple[int, ...] | None = None) -> dict:
+    """Time per training step against sequence length, RNN rows and the Transformer at one width, with the fitted
+    exponents (experiments/rnn_vs_transformer.py's sweep; runs on any device, e.g. device="cpu")."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from rnn_vs_transformer import LENGTHS, ROWS, step_time_sweep  # noqa: PLC0415 (experiments is not a package)
+
+    return step_time_sweep(list(ROWS), lengths or LENGTHS, device=device)
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("experiments/gpu_check.py needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)")
@@ -174,6 +183,8 @@ def main() -> None:
     print("attention kernels:", report["attention_kernels"], flush=True)
     report["attention_benchmark"] = run_attention_benchmark()
     print("attention benchmark written:", report["attention_benchmark"], flush=True)
+    report["rnn_step_times"] = rnn_step_times()
+    print("RNN vs Transformer step-time exponents:", report["rnn_step_times"]["exponents"], flush=True)
     g = report["gpt2_small"]
     lines = [
         "# GPU check (`python experiments/gpu_check.py`)", "",
@@ -193,6 +204,8 @@ def main() -> None:
         "", "Attention benchmark on CUDA: " + ", ".join(
             f"[{d}](gpu_attention_benchmark_{d}.md)" + ("" if ok else " (FAILED)")
             for d, ok in report["attention_benchmark"].items()),
+        "", "Step time vs length, fitted exponents (experiments/rnn_vs_transformer.py's sweep): " + ", ".join(
+            f"{row} {k:.2f}" for row, k in report["rnn_step_times"]["exponents"].items() if k is not None),
     ]  # fmt: skip
     path = ROOT / "experiments" / "results" / "gpu_check.md"
     path.write_text("\n".join(lines) + "\n")

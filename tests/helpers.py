@@ -278,6 +278,7 @@ TASKS = {
     "vit": "zoo.tasks.classification.ImageClassificationTask",
     "gpt": "zoo.tasks.language_model.LanguageModelTask",
     "translation": "zoo.tasks.translation.TranslationTask",
+    "rnn_translation": "zoo.tasks.translation.RNNTranslationTask",
     "clip": "zoo.tasks.clip.CLIPTask",
     "sequence_classifier": "zoo.tasks.classification.SequenceClassificationTask",
 }

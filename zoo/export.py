@@ -33,6 +33,7 @@ from zoo.data.tokenizers import tokenizer_from_string
 from zoo.errors import CheckpointError, UsageError
 from zoo.models.clip import CLIP, CLIPConfig
 from zoo.models.gpt import GPT, GPTConfig
+from zoo.models.rnn_translation import RNNTranslation, RNNTranslationConfig
 from zoo.models.sequence_classifier import SequenceClassifier, SequenceClassifierConfig
 from zoo.models.translation import TranslationConfig, TranslationTransformer
 from zoo.models.vit import ViT, ViTConfig
@@ -43,6 +44,7 @@ FAMILIES: dict[str, tuple[type[nn.Module], Any]] = {
     "vit": (ViT, ViTConfig),
     "gpt": (GPT, GPTConfig),
     "translation": (TranslationTransformer, TranslationConfig),
+    "rnn_translation": (RNNTranslation, RNNTranslationConfig),
     "clip": (CLIP, CLIPConfig),
     "sequence_classifier": (SequenceClassifier, SequenceClassifierConfig),
 }

@@ -75,7 +75,7 @@ def test_every_model_trains_with_every_attention_it_allows(model: str, name: str
             STEPS[model](config)
         message = str(info.value)
         assert "\n" not in message and f"{config.variant!r} is bidirectional only" in message
-        assert "valid choices: ['axial', 'full', 'linear', 'local', 'sparse']" in message
+        assert "valid choices: ['additive', 'axial', 'full', 'linear', 'local', 'sparse']" in message
         return
     loss = STEPS[model](config)
     loss.backward()
@@ -135,7 +135,7 @@ def test_every_model_trains_with_every_attention_option_or_refuses_in_one_line(m
 
 
 def test_translation_takes_compressed_attention_in_its_encoder() -> None:
-    from zoo.models.translation import greedy_decode
+    from zoo.models.seq2seq import greedy_decode
 
     torch.manual_seed(0)
     settings = {"vocab_size": 20, "dim": 16, "encoder_layers": 1, "decoder_layers": 1, "num_heads": 2, "mlp_dim": 32}

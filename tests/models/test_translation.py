@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.variants import settings_cases
-from zoo.models.translation import TranslationConfig, TranslationTransformer, beam_search, greedy_decode
+from zoo.models.seq2seq import beam_search, greedy_decode
+from zoo.models.translation import TranslationConfig, TranslationTransformer
 from zoo.nn.blocks import TransformerBlock
 
 PAD, BOS, EOS = 0, 1, 2

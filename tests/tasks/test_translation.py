@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import zoo
 from tests.helpers import run_cli
 from zoo.data.parallel_text import ParallelTextDataModule, decode_ids, encode_sources, pad_sequences
-from zoo.models.translation import beam_search
+from zoo.models.seq2seq import beam_search
 from zoo.tasks.translation import TranslationTask, corpus_bleu, label_smoothed_cross_entropy
 
 NET = dict(

@@ -2,11 +2,11 @@
 
 train           fit, then test the best (or last) checkpoint                 every model (zoo.app.pipeline)
 generate        sample text from a GPT checkpoint                            model=gpt
-translate       translate sentences with a translation checkpoint           model=translation
+translate       translate sentences with a translation checkpoint           model=translation | rnn_translation
 predict         top-k classes of images                                      model=vit
 zero_shot       probabilities of class names (prompt templates) per image   model=clip
 retrieve        images for a text query, or captions for an image query     model=clip
-attention_maps  attention of every family, as PNGs (and to the loggers)      vit, clip, gpt, translation
+attention_maps  attention of every family, as PNGs (and to the loggers)      vit, clip, gpt, (rnn_)translation
 explain         attribution maps (attention, rollout, gradients) per image   vit, clip, sequence_classifier
 export          a self-contained folder: safetensors | onnx | huggingface    every model (onnx: all but translation
                                                                              and clip; huggingface: gpt)
@@ -53,7 +53,7 @@ from zoo.export import (
     save_folder,
 )
 from zoo.models.gpt import SamplingConfig
-from zoo.models.translation import beam_search, greedy_decode
+from zoo.models.seq2seq import beam_search, greedy_decode
 from zoo.models.vit import ViT, attention_rollout
 from zoo.tasks.clip_evaluation import zero_shot_classifier
 from zoo.tasks.language_model import generate_text
@@ -65,7 +65,8 @@ from zoo.training.loggers import log_image
 log = logging.getLogger("zoo")
 
 EXPORT_FORMATS = ("safetensors", "onnx", "huggingface")
-ATTENTION_MAP_FAMILIES = ("vit", "clip", "gpt", "translation")
+TRANSLATION_FAMILIES = ("translation", "rnn_translation")
+ATTENTION_MAP_FAMILIES = ("vit", "clip", "gpt", *TRANSLATION_FAMILIES)
 DEFAULT_TEMPLATES = ("a photo of a {label}.",)
 BATCH = 256  # images per forward pass at inference
 
@@ -181,14 +182,15 @@ def translate(cfg: DictConfig) -> dict[str, float]:
     """Translate `text` (a string or a list of strings) with the checkpoint at `ckpt_path`; prints each
     translation and saves the cross-attention alignment of the first as alignment.png in the run dir."""
     required(cfg, "text", "translate", '"<sentence to translate>"')
-    net = load_trained(cfg, "translate", ("translation",))
+    net = load_trained(cfg, "translate", TRANSLATION_FAMILIES)
     texts, src, outputs, beam_size = translations(cfg, "translate", net)
     for source, ids in zip(texts, outputs):
         print(f"{source}\n  -> {decode_ids(net.tokenizer, ids)}")
     if cfg.get("paths", {}).get("output_dir"):
         source_ids = [i for i in src[0].tolist() if i != net.config.pad_id]
         figure = alignment_figure(net, net.tokenizer, source_ids, outputs[0], f"beam {beam_size}")
-        figure.savefig(output_dir(cfg) / "alignment.png")
+        if figure is not None:  # None: a model without attention (the fixed-vector RNN)
+            figure.savefig(output_dir(cfg) / "alignment.png")
     return {}
 
 
@@ -373,6 +375,11 @@ def attention_maps(cfg: DictConfig) -> dict[str, float]:
     elif family == "gpt":
         figures = gpt_attention_figures(model, str(required(cfg, "prompt", "attention_maps", '"<text>"')))
     else:
+        if model.config.attention is None:
+            raise UsageError(
+                "mode=attention_maps: this RNN decodes from one fixed vector (model.net.attention=null) and has no "
+                "attention to draw; valid: a model trained with attention=full | additive"
+            )
         texts, src, outputs, _ = translations(cfg, "attention_maps", model)
         figures = {}
         for i, (source, ids) in enumerate(zip(src.tolist(), outputs)):

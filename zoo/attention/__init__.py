@@ -1,6 +1,7 @@
 """zoo's shared attention core (pure PyTorch): one MultiHeadAttention, interchangeable kernels behind one
 contract (contract.py, registry.py), positions, caches. Imports nothing from zoo but zoo.errors."""
 
+from zoo.attention.additive import AdditiveAttention
 from zoo.attention.axial import AxialAttention
 from zoo.attention.biases import ALiBi, T5RelativeBias, alibi_slopes, relative_position_bucket
 from zoo.attention.blockwise import union_attention
@@ -34,6 +35,7 @@ from zoo.attention.sparse import SparseAttention
 __all__ = [
     "VARIANTS",
     "ALiBi",
+    "AdditiveAttention",
     "AttentionConfig",
     "AttentionKernel",
     "AxialAttention",

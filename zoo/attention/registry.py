@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from zoo.attention.additive import AdditiveAttention
 from zoo.attention.axial import AxialAttention
 from zoo.attention.compressed import CompressedAttention
 from zoo.attention.contract import Kernel
@@ -41,6 +42,7 @@ VARIANTS: dict[str, type[Kernel]] = {
     "compressed": CompressedAttention,
     "routing": RoutingAttention,
     "lsh": LSHAttention,
+    "additive": AdditiveAttention,
 }
 
 

@@ -9,8 +9,9 @@ bias shared per stack: one for the encoder, one for the decoder); `encoder_atten
 self-attention only (e.g. memory-compressed attention, which is bidirectional only); cross-attention is full
 unless `cross_attention` names another kernel.
 
-Decoding lives here too: greedy and beam search over the decoder's KV cache (`new_caches`), which
-holds the growing self-attention keys/values and the encoder keys/values computed once.
+Decoding: the model implements zoo/models/seq2seq.py's interface (start_decoding, decode_step), whose greedy
+and beam search run over the decoder's KV cache (`new_caches`), which holds the growing self-attention
+keys/values and the encoder keys/values computed once.
 """
 
 from __future__ import annotations
@@ -215,6 +216,21 @@ class TranslationTransformer(nn.Module):
         memory = self.encode(src, src_padding_mask)
         return self.decode(tgt, memory, src_padding_mask)
 
+    # -- the search interface (zoo/models/seq2seq.py) ---------------------------------------------
+    def start_decoding(self, src: torch.Tensor, repeats: int = 1, use_cache: bool = True) -> TransformerSearchState:
+        """Encode src (B, S) once; the state of B * repeats rows (row b * repeats + r decodes sentence b)."""
+        padding = self.padding_mask(src)
+        memory = self.encode(src, padding)
+        if repeats > 1:
+            memory, padding = memory.repeat_interleave(repeats, dim=0), padding.repeat_interleave(repeats, dim=0)
+        return TransformerSearchState(memory, padding, self.new_caches() if use_cache else None)
+
+    def decode_step(self, tokens: torch.Tensor, state: TransformerSearchState) -> torch.Tensor:
+        """Logits (N, V) of the token after the prefix tokens (N, t): the caches see only the tokens they have not
+        seen, without caches the whole prefix is decoded again."""
+        inputs = tokens[:, state.caches[0]["self"].offset :] if state.caches is not None else tokens
+        return self.decode(inputs, state.memory, state.memory_padding_mask, caches=state.caches)[:, -1]
+
     @torch.no_grad()
     def cross_attention_weights(self, src: torch.Tensor, tgt: torch.Tensor) -> list[torch.Tensor]:
         """Per decoder layer, the cross-attention probabilities (B, H, T, S) of target ids tgt (B, T)."""
@@ -223,131 +239,17 @@ class TranslationTransformer(nn.Module):
         return self.decode(tgt, memory, src_padding_mask, need_weights=True)[1]
 
 
-# -- decoding -------------------------------------------------------------------------------------
-def _max_lengths(model: TranslationTransformer, src: torch.Tensor, max_len_a: float, max_len_b: int) -> torch.Tensor:
-    """Most target tokens (EOS included) per sentence: a * source length + b, within the position table."""
-    source_lengths = (~model.padding_mask(src)).sum(dim=1)
-    limits = (max_len_a * source_lengths.float() + max_len_b).long()
-    return limits.clamp(min=1, max=model.config.max_length - 1)
+class TransformerSearchState:
+    """The Transformer's decoding state: the encoder memory and its padding, and the decoder's caches (or None)."""
 
+    def __init__(
+        self, memory: torch.Tensor, memory_padding_mask: torch.Tensor, caches: list[dict[str, Any]] | None
+    ) -> None:
+        self.memory, self.memory_padding_mask, self.caches = memory, memory_padding_mask, caches
 
-def _next_token_logprobs(
-    model: TranslationTransformer, logits: torch.Tensor, step: int, limits: torch.Tensor
-) -> torch.Tensor:
-    """log p(next token) (N, V); never PAD or BOS, and EOS once a sentence reaches its length limit."""
-    logprobs = F.log_softmax(logits.float(), dim=-1)
-    logprobs[:, model.config.pad_id] = float("-inf")
-    logprobs[:, model.config.bos_id] = float("-inf")
-    at_limit = step + 1 >= limits
-    if at_limit.any():
-        eos = logprobs[at_limit, model.config.eos_id]
-        logprobs[at_limit] = float("-inf")
-        logprobs[at_limit, model.config.eos_id] = eos
-    return logprobs
-
-
-def _step_logits(
-    model: TranslationTransformer,
-    tokens: torch.Tensor,
-    memory: torch.Tensor,
-    memory_padding_mask: torch.Tensor,
-    caches: list[dict[str, Any]] | None,
-) -> torch.Tensor:
-    """Logits (N, V) of the next token: the cache sees only the newest token, else the whole prefix."""
-    inputs = tokens[:, -1:] if caches is not None else tokens
-    return model.decode(inputs, memory, memory_padding_mask, caches=caches)[:, -1]
-
-
-def _strip(model: TranslationTransformer, tokens: list[int]) -> list[int]:
-    eos = model.config.eos_id
-    return tokens[: tokens.index(eos)] if eos in tokens else tokens
-
-
-@torch.no_grad()
-def greedy_decode(
-    model: TranslationTransformer,
-    src: torch.Tensor,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
-    use_cache: bool = True,
-) -> list[list[int]]:
-    """The most probable token at each step; returns target ids per sentence, without BOS/EOS."""
-    cfg = model.config
-    src_padding_mask = model.padding_mask(src)
-    memory = model.encode(src, src_padding_mask)
-    limits = _max_lengths(model, src, max_len_a, max_len_b)
-    caches = model.new_caches() if use_cache else None
-    tokens = src.new_full((src.shape[0], 1), cfg.bos_id)
-    finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
-    for step in range(int(limits.max())):
-        logits = _step_logits(model, tokens, memory, src_padding_mask, caches)
-        next_tokens = _next_token_logprobs(model, logits, step, limits).argmax(dim=-1)
-        next_tokens = next_tokens.masked_fill(finished, cfg.pad_id)
-        tokens = torch.cat([tokens, next_tokens[:, None]], dim=1)
-        finished |= next_tokens == cfg.eos_id
-        if finished.all():
-            break
-    return [_strip(model, row[1:]) for row in tokens.tolist()]
-
-
-def _reorder_caches(caches: list[dict[str, Any]] | None, indices: torch.Tensor) -> None:
-    for layer in caches or ():
-        for cache in layer.values():
-            cache.reorder(indices)
-
-
-@torch.no_grad()
-def beam_search(
-    model: TranslationTransformer,
-    src: torch.Tensor,
-    beam_size: int = 5,
-    length_penalty: float = 1.0,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
-    use_cache: bool = True,
-) -> list[list[int]]:
-    """Beam search as in fairseq: K live hypotheses per sentence; a hypothesis ending in EOS among the
-    K best candidates is finished with score log p / length**length_penalty; a sentence is done once K
-    are finished. Returns the best target ids per sentence, without BOS/EOS (beam_size 1 = greedy)."""
-    if not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
-    cfg, k = model.config, beam_size
-    batch = src.shape[0]
-    src_padding_mask = model.padding_mask(src)
-    memory = model.encode(src, src_padding_mask)
-    limits = _max_lengths(model, src, max_len_a, max_len_b)
-    # Every sentence's memory repeated for its K hypotheses: rows b*K .. b*K+K-1.
-    memory = memory.repeat_interleave(k, dim=0)
-    src_padding_mask = src_padding_mask.repeat_interleave(k, dim=0)
-    row_limits = limits.repeat_interleave(k)
-    caches = model.new_caches() if use_cache else None
-    tokens = src.new_full((batch * k, 1), cfg.bos_id)
-    scores = torch.full((batch, k), float("-inf"), device=src.device)
-    scores[:, 0] = 0.0  # all K start as the same empty hypothesis: keep one, or the beam fills with copies
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
-    done = torch.zeros(batch, dtype=torch.bool)
-    offsets = torch.arange(batch, device=src.device)[:, None] * k
-    for step in range(int(limits.max())):
-        logits = _step_logits(model, tokens, memory, src_padding_mask, caches)
-        logprobs = _next_token_logprobs(model, logits, step, row_limits)  # (B*K, V)
-        vocab = logprobs.shape[-1]
-        candidates = (scores[:, :, None] + logprobs.view(batch, k, vocab)).view(batch, k * vocab)
-        top_scores, top_index = candidates.topk(2 * k, dim=1)  # (B, 2K): at most K of them end in EOS
-        top_beams, top_tokens = top_index // vocab, top_index % vocab
-        is_eos = top_tokens == cfg.eos_id
-        history = tokens.view(batch, k, -1)
-        for b, j in (is_eos[:, :k] & torch.isfinite(top_scores[:, :k])).nonzero().tolist():
-            if done[b] or len(finished[b]) >= k:
-                continue
-            hypothesis = history[b, top_beams[b, j], 1:].tolist()
-            finished[b].append((top_scores[b, j].item() / (step + 1) ** length_penalty, hypothesis))
-        done |= torch.tensor([len(f) >= k for f in finished])
-        if done.all():
-            break
-        # The K best candidates that do not end here live on (stable sort keeps score order).
-        keep = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :k]
-        scores = top_scores.gather(1, keep)
-        rows = (offsets + top_beams.gather(1, keep)).view(-1)
-        tokens = torch.cat([tokens.index_select(0, rows), top_tokens.gather(1, keep).view(-1, 1)], dim=1)
-        _reorder_caches(caches, rows)
-    return [max(hypotheses, key=lambda h: h[0])[1] for hypotheses in finished]
+    def reorder(self, indices: torch.Tensor) -> None:
+        self.memory = self.memory.index_select(0, indices)
+        self.memory_padding_mask = self.memory_padding_mask.index_select(0, indices)
+        for layer in self.caches or ():
+            for cache in layer.values():
+                cache.reorder(indices)

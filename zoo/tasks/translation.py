@@ -23,7 +23,9 @@ from tokenizers import Tokenizer
 from zoo.data.parallel_text import decode_ids
 from zoo.data.tokenizers import BOS, EOS, PAD
 from zoo.errors import AttentionPlacement, DataError
-from zoo.models.translation import TranslationConfig, TranslationTransformer, beam_search, greedy_decode
+from zoo.models.rnn_translation import RNNTranslation, RNNTranslationConfig
+from zoo.models.seq2seq import Seq2SeqModel, beam_search, greedy_decode
+from zoo.models.translation import TranslationConfig, TranslationTransformer
 from zoo.tasks.base import ZooTask
 from zoo.training.loggers import heatmap_figure, log_image, log_text_table
 
@@ -55,15 +57,19 @@ def token_labels(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
 
 
 def alignment_figure(
-    net: TranslationTransformer, tokenizer: Tokenizer, source_ids: list[int], target_ids: list[int], title: str = ""
+    net: Seq2SeqModel, tokenizer: Tokenizer, source_ids: list[int], target_ids: list[int], title: str = ""
 ):
-    """Cross-attention of the last decoder layer, averaged over heads, for one translated sentence.
-    source_ids end in EOS; target_ids are the translation without BOS/EOS."""
+    """Cross-attention of the last decoder layer, averaged over heads, for one translated sentence, or None for
+    a model without attention (the fixed-vector RNN). source_ids end in EOS; target_ids are the translation
+    without BOS/EOS."""
     bos, eos = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
     device = next(net.parameters()).device
     src = torch.tensor([source_ids], device=device)
     tgt = torch.tensor([[bos] + target_ids], device=device)
-    weights = net.cross_attention_weights(src, tgt)[-1][0].mean(dim=0)  # (T, S)
+    layers = net.cross_attention_weights(src, tgt)
+    if not layers:
+        return None
+    weights = layers[-1][0].mean(dim=0)  # (T, S)
     # Row t is the attention while predicting target token t (decoder input t is the token before it).
     return heatmap_figure(
         weights,
@@ -78,6 +84,8 @@ def alignment_figure(
 
 
 class TranslationTask(ZooTask):
+    """Drives any model of zoo/models/seq2seq.py's interface; `architecture` names the one built from `net`."""
+
     family = "translation"
     attention_placements = (
         AttentionPlacement(
@@ -85,6 +93,7 @@ class TranslationTask(ZooTask):
         ),
         AttentionPlacement("encoder and decoder self-attention", "attention.{option}={value}", causal=True, grid=False),
     )
+    architecture: tuple[type[torch.nn.Module], type] = (TranslationTransformer, TranslationConfig)
 
     def __init__(
         self,
@@ -103,7 +112,8 @@ class TranslationTask(ZooTask):
     ) -> None:
         super().__init__(optimizer, scheduler, compile)
         self.save_hyperparameters()
-        self.net = TranslationTransformer(TranslationConfig.from_dict(net))
+        network, config = self.architecture
+        self.net = network(config.from_dict(net))
         self.tokenizer: Tokenizer | None = None
         self._outputs: dict[str, list[tuple[str, str]]] = {}
         self._first_batch: dict[str, dict[str, Any]] = {}
@@ -206,5 +216,19 @@ class TranslationTask(ZooTask):
         figure = alignment_figure(
             self.net, self.tokenizer, source_ids, translations[0], f"{stage} epoch {self.current_epoch}"
         )
+        if figure is None:
+            return
         path = Path(self.trainer.default_root_dir) / "alignments" / f"{stage}_epoch{self.current_epoch:03d}.png"
         log_image(self, f"{stage}/alignment", figure, save_path=path)
+
+
+class RNNTranslationTask(TranslationTask):
+    """The same task (loss, label smoothing, BLEU, greedy and beam search) for the RNN encoder-decoder."""
+
+    family = "rnn_translation"
+    attention_placements = (
+        AttentionPlacement(
+            "the decoder's attention over the encoder states", "attention.{option}={value}", False, False
+        ),
+    )
+    architecture = (RNNTranslation, RNNTranslationConfig)
