@@ -228,6 +228,7 @@ def tiny_model(family: str, attention: str | dict = "full", seed: int = 0) -> to
     from zoo.data.tokenizers import train_char_tokenizer
     from zoo.models.clip import CLIP, CLIPConfig
     from zoo.models.gpt import GPT, GPTConfig
+    from zoo.models.rnn_translation import RNNTranslation, RNNTranslationConfig
     from zoo.models.sequence_classifier import SequenceClassifier, SequenceClassifierConfig
     from zoo.models.translation import TranslationConfig, TranslationTransformer
     from zoo.models.vit import ViT, ViTConfig
@@ -250,6 +251,11 @@ def tiny_model(family: str, attention: str | dict = "full", seed: int = 0) -> to
         config = TranslationConfig(vocab_size=tokenizer.get_vocab_size(), dim=16, encoder_layers=1, decoder_layers=2,
                                    num_heads=2, mlp_dim=32, max_length=32, dropout=0.0, attention=settings)  # fmt: skip
         model, extra = TranslationTransformer(config), {"beam_size": 2, "max_len_a": 1.0, "max_len_b": 4}
+    elif family == "rnn_translation":
+        tokenizer = train_char_tokenizer(["eins zwei drei dreihundertvierundzwanzig one two three"])
+        config = RNNTranslationConfig(vocab_size=tokenizer.get_vocab_size(), embed_dim=16, hidden=16, max_length=32,
+                                      dropout=0.0, attention={"variant": "additive"})  # fmt: skip
+        model, extra = RNNTranslation(config), {"beam_size": 2, "max_len_a": 1.0, "max_len_b": 4}
     elif family == "clip":
         captions = [f"{template} {d}." for template in ("a photo of the number", "the digit") for d in range(10)]
         tokenizer = train_caption_tokenizer(captions, "char", None, 32)

@@ -28,6 +28,8 @@ def experiment_commands(text: str) -> list[list[str]]:
     spans = re.findall(r"(?<!`)`((?:[A-Z_][A-Z0-9_]*=\S* )*python experiments/[^`]*)`", text)
     lines += [" ".join(span.split()) for span in spans]
     for line in lines:
+        if "python experiments/" not in line:  # other lines of a block (Python code, output) are no commands
+            continue
         words = shlex.split(strip_comment(line.strip().removeprefix("$ ")))
         while words and ENVIRONMENT.match(words[0]):  # `ZOO_FAST_KERNELS=0 python experiments/...`: the command
             words.pop(0)

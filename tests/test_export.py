@@ -132,7 +132,7 @@ ONNX_CASES = [
     ("vit", "local"),
     ("vit", "compressed"),
     ("gpt", "rope"),
-    ("gpt", "favor"),
+    ("gpt", {"variant": "linear", "feature_map": "favor", "num_features": 16}),
     ("gpt", "gqa"),
     ("gpt", {"variant": "sparse", "stride": 2, "position_bias": "alibi"}),
     ("sequence_classifier", "axial"),

@@ -171,8 +171,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoints = {
         family: as_checkpoint(tiny_model(family), root / f"{family}.ckpt")
-        for family in ("gpt", "translation", "clip", "sequence_classifier")
+        for family in ("gpt", "translation", "rnn_translation", "clip", "sequence_classifier")
     }
+    checkpoints["llama"] = checkpoints["gpt"]  # the Llama preset is the GPT family
     return {"root": root, "data": data, "run": run, "checkpoints": checkpoints}
 
 
@@ -198,6 +199,13 @@ def substitute(command: Command, world: dict) -> list[str]:
     return args
 
 
+def huggingface_folder(folder: Path, corpus: Path) -> Path:
+    """A tiny random Llama `save_pretrained` folder with its tokenizer.json (made once)."""
+    from tests.app.test_pretrained_decoder import pretrained_folder
+
+    return folder if (folder / "config.json").is_file() else pretrained_folder(folder, corpus)
+
+
 def stand_ins(world: dict) -> dict[str, str]:
     """Placeholders of "Using a trained model": the example run's checkpoint and images, the other families'
     stand-in checkpoints."""
@@ -206,6 +214,8 @@ def stand_ins(world: dict) -> dict[str, str]:
         "<vit checkpoint>": str(world["run"] / "checkpoints" / "last.ckpt"),
         **{f"<{family} checkpoint>": str(path) for family, path in world["checkpoints"].items()},
         "<images>": str(examples),
+        "<text file>": str(world["data"]["text"]),
+        "<Hugging Face folder>": str(huggingface_folder(world["root"] / "hf-llama", world["data"]["text"])),
         "<image>": str(sorted(examples.iterdir())[0]),
     }
 

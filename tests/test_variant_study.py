@@ -15,6 +15,7 @@ from experiments import reproduce, variant_study
 from tests.helpers import compose_config, tiny_text
 from zoo.attention import VARIANTS, AttentionConfig
 from zoo.attention.full import FullAttention
+from zoo.attention.positions import ROPE_SCALINGS
 
 
 class ModeAttention(FullAttention):
@@ -41,7 +42,7 @@ def test_rows_are_every_variant_and_named_setting_and_their_overrides_select_the
         cfg = compose_config(["model=vit", *row.overrides], tmp_path)
         assert AttentionConfig(**cfg.attention).to_dict() == row.attention, row
     scaled = {row.name: row.attention["rope_factor"] for row in rows if row.attention["rope_scaling"]}
-    assert scaled == {"rope+linear": 4.0, "rope+ntk": 4.0, "rope+dynamic": 4.0}  # a factor of 1 is plain RoPE
+    assert scaled == {f"rope+{scaling}": 4.0 for scaling in ROPE_SCALINGS}  # a factor of 1 is plain RoPE
 
 
 def test_a_variant_registered_later_joins_with_its_choices(monkeypatch: pytest.MonkeyPatch) -> None:
