@@ -204,7 +204,7 @@ def short_trained(name: str, seed: int, steps: int, work: Path) -> torch.nn.Modu
     model.settings = {}
     path = work / f"{name}_s{seed}_short{steps}.pt"
     if path.is_file():
-        model.load_state_dict(torch.load(path))
+        model.load_state_dict(torch.load(path, weights_only=True))
         return model.eval()
     images, labels, _, _ = DigitsDataModule().load()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
