@@ -133,3 +133,17 @@ class GlobalTokenPattern(PatternKernel):
         return with_global_and_random_parts(
             self.pattern_parts(length, causal), pattern, length, self.global_tokens, causal
         )
+
+
+def band_with_global_tokens(band: Callable, extent: Callable, window: int, block: int, global_tokens: int):
+    """LocalAttention's band (`band(query_positions, key_positions, window, causal)`, its key range `extent(window,
+    causal, length)`) with Longformer's global tokens, as one GlobalTokenPattern: the band as one blockwise part
+    (blocks of `block` queries, each with its window of keys) and the global rows and columns beside it."""
+
+    def band_parts(length: int, causal: bool) -> list[Part]:
+        rows = Rows(0, length, min(block, length))
+        gather, key_positions = rows.windows(*extent(window, causal, length))
+        allowed = band(rows.positions()[:, :, None], key_positions[:, None, :], window, causal)
+        return [Part(rows, gather, key_positions, allowed)]
+
+    return GlobalTokenPattern("local", functools.partial(band, window=window), band_parts, global_tokens)

@@ -19,15 +19,15 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from zoo.attention.blockwise import DENSE_MAX_LENGTH, Part, Rows, blocked_windows
+from zoo.attention.blockwise import DENSE_MAX_LENGTH, blocked_windows
 from zoo.attention.cache import KVCache, RollingKVCache, new_tokens_padding
 from zoo.attention.contract import Kernel, ScoreBias
 from zoo.attention.fast import band as fast_band
 from zoo.attention.fast import use_fast_kernels
 from zoo.attention.flex import flex_pattern_attention, resolve_backend
 from zoo.attention.functional import additive_mask, dot_product_attention, evaluate_bias, masked_attention, sdpa
-from zoo.attention.global_tokens import GlobalTokenPattern, check_count
-from zoo.attention.sinks import SinkKVCache, sliding_window_attention_with_sinks
+from zoo.attention.global_tokens import band_with_global_tokens, check_count
+from zoo.attention.sinks import SinkKVCache, check_sink_tokens, check_sinks_apply, sliding_window_attention_with_sinks
 from zoo.errors import check_positive_int
 
 # Queries per block, chosen by measurement (`experiments/attention_benchmark.py --rows local`; figures in
@@ -195,15 +195,6 @@ def sliding_window_attention(
     return out[:, :, k_len - q_len :], None
 
 
-def _band_parts(length: int, causal: bool, *, window: int, block: int) -> list[Part]:
-    """The band as one blockwise part (blocks of `block` queries, each with its window of keys), for the pattern
-    kernels' union (zoo/attention/blockwise.py); global tokens add theirs to it."""
-    rows = Rows(0, length, min(block, length))
-    gather, key_positions = rows.windows(*_band_extent(window, causal, length))
-    allowed = band(rows.positions()[:, :, None], key_positions[:, None, :], window, causal)
-    return [Part(rows, gather, key_positions, allowed)]
-
-
 class LocalAttention(Kernel):
     """Sliding-window attention with a rolling cache of `window` keys for decoding.
 
@@ -229,21 +220,14 @@ class LocalAttention(Kernel):
         check_positive_int("attention.window (variant 'local')", window)
         check_positive_int("attention.chunk_size", chunk_size, allow_none=True)
         check_count("attention.global_tokens (variant 'local')", global_tokens)
-        if isinstance(sink_tokens, bool) or not isinstance(sink_tokens, int) or sink_tokens < 0:
-            raise ValueError(f"attention.sink_tokens must be an int >= 0 (0: no attention sinks), got {sink_tokens!r}")
-        if global_tokens and sink_tokens:
-            raise ValueError(
-                f"attention.global_tokens={global_tokens} and attention.sink_tokens={sink_tokens}: give one of them "
-                "(global tokens already attend to all and are seen by all, sinks are seen by all)"
-            )
+        check_sink_tokens(sink_tokens, global_tokens)
         self.window = window
         self.chunk_size = chunk_size  # None: the measured defaults
         self.global_tokens = global_tokens
         self.sink_tokens = sink_tokens
         if global_tokens:  # the band + global tokens through the pattern kernels' blocks
-            pattern = functools.partial(band, window=window)
-            parts = functools.partial(_band_parts, window=window, block=chunk_size or DEFAULT_BLOCK_SIZE)
-            self.global_pattern = GlobalTokenPattern(self.name, pattern, parts, global_tokens)
+            block = chunk_size or DEFAULT_BLOCK_SIZE
+            self.global_pattern = band_with_global_tokens(band, _band_extent, window, block, global_tokens)
 
     def use_backend(self, backend: str) -> None:
         super().use_backend(backend)
@@ -279,7 +263,7 @@ class LocalAttention(Kernel):
                 need_weights=need_weights, bias=bias,
             )  # fmt: skip
         if self.sink_tokens:
-            self._check_sinks(causal, bias)
+            check_sinks_apply(self.sink_tokens, causal, bias)
             return sliding_window_attention_with_sinks(
                 q, k, v, self.window, self.sink_tokens, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
                 need_weights=need_weights,
@@ -297,13 +281,6 @@ class LocalAttention(Kernel):
             q, k, v, self.window, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
             need_weights=need_weights, block_size=self.chunk_size, bias=bias, dense=dense,
         )  # fmt: skip
-
-    def _check_sinks(self, causal: bool, bias: ScoreBias | None) -> None:
-        if not causal or bias is not None:
-            raise ValueError(
-                f"attention.sink_tokens={self.sink_tokens} keeps the first tokens of a causal window without a "
-                f"position bias; this attention is causal={causal}, position_bias={'set' if bias is not None else None}"
-            )
 
     def new_cache(self) -> RollingKVCache | SinkKVCache | KVCache:
         if self.global_tokens:
@@ -330,7 +307,7 @@ class LocalAttention(Kernel):
                 q, k, v, cache, key_padding_mask=key_padding_mask, need_weights=need_weights, bias=bias
             )
         if self.sink_tokens:
-            self._check_sinks(True, bias)
+            check_sinks_apply(self.sink_tokens, True, bias)
             keys, values, positions, padding = cache.extend(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
             return sliding_window_attention_with_sinks(
                 q, keys, values, self.window, self.sink_tokens, positions, padding, need_weights=need_weights

@@ -19,6 +19,26 @@ from zoo.attention.functional import masked_attention
 SINK_BLOCK_SIZE = 256
 
 
+def check_sink_tokens(sink_tokens: object, global_tokens: int) -> None:
+    """One-line errors for attention.sink_tokens (an int >= 0, not together with global tokens)."""
+    if isinstance(sink_tokens, bool) or not isinstance(sink_tokens, int) or sink_tokens < 0:
+        raise ValueError(f"attention.sink_tokens must be an int >= 0 (0: no attention sinks), got {sink_tokens!r}")
+    if global_tokens and sink_tokens:
+        raise ValueError(
+            f"attention.global_tokens={global_tokens} and attention.sink_tokens={sink_tokens}: give one of them "
+            "(global tokens already attend to all and are seen by all, sinks are seen by all)"
+        )
+
+
+def check_sinks_apply(sink_tokens: int, causal: bool, bias: object) -> None:
+    """Sinks keep the first tokens of a causal window, without a position bias: a one-line error otherwise."""
+    if not causal or bias is not None:
+        raise ValueError(
+            f"attention.sink_tokens={sink_tokens} keeps the first tokens of a causal window without a "
+            f"position bias; this attention is causal={causal}, position_bias={'set' if bias is not None else None}"
+        )
+
+
 def sink_window_mask(
     query_positions: torch.Tensor, key_positions: torch.Tensor, window: int, sinks: int
 ) -> torch.Tensor:
