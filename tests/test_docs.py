@@ -133,3 +133,17 @@ def test_the_tables_of_models_agree_on_every_page() -> None:
     assert set(readme) == {path.stem for path in (ROOT / "conf" / "model").glob("*.yaml")}  # every model= option
     assert model_rows(DOCS / "getting-started.md") == readme
     assert model_rows(DOCS / "attention.md") == {model: [cells[1]] for model, cells in readme.items()}
+
+
+def test_every_extra_the_pages_and_ci_install_is_declared():
+    """`pip install -e '.[docs]'` in a page or in .ci/run names extras pyproject.toml declares: a missing extra only
+    warns in pip, and CI then fails later on a command the extra should have brought (`mkdocs: command not found`)."""
+    import tomllib
+
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    texts = {path.relative_to(ROOT): path.read_text() for path in [ROOT / ".ci" / "run", README, *pages()]}
+    named = {(where, extra) for where, text in texts.items()
+             for group in re.findall(r"\.\[([\w,-]+)\]", text) for extra in group.split(",")}
+    assert {(".ci/run", "docs"), ("README.md", "docs")} <= {(str(where), extra) for where, extra in named}
+    missing = sorted(f"{where}: .[{extra}]" for where, extra in named if extra not in declared)
+    assert not missing, f"extras not in pyproject.toml's optional-dependencies {sorted(declared)}: {missing}"
