@@ -542,6 +542,17 @@ def variant_study_markdown(out: Path) -> str:
     )
 
 
+OTHER_SCRIPT = "Not written by `experiments/reproduce.py`"  # how a section another script wrote begins
+
+
+def sections_of_other_scripts(page: Path) -> list[str]:
+    """The `## ` sections of an existing results page that another script wrote (their text begins with
+    OTHER_SCRIPT): rewriting the page keeps them, so a study run on its own is never erased by this one."""
+    text = page.read_text() if page.is_file() else ""
+    sections = re.findall(r"^## .*?(?=^## |\Z)", text, re.M | re.S)
+    return [section.strip() for section in sections if section.split("\n", 2)[-1].lstrip().startswith(OTHER_SCRIPT)]
+
+
 def write_results(args, info, summary, attention, speed, out: Path) -> Path:
     measured = ["| figure | measured | target or published anchor |", "|---|---|---|", *attention[1], *speed[1]]
     for row in summary:
@@ -575,6 +586,7 @@ def write_results(args, info, summary, attention, speed, out: Path) -> Path:
         positions_markdown(out),
     ]
     path = out / "RESULTS.md"
+    text += sections_of_other_scripts(path)
     path.write_text("\n\n".join(part for part in text if part) + "\n")
     return path
 
