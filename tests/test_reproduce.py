@@ -152,7 +152,7 @@ def test_the_headline_holds_every_kernel_target_at_each_thread_count(tmp_path) -
 def test_rewriting_the_page_keeps_the_sections_other_scripts_wrote(tmp_path: Path) -> None:
     """A section another script wrote (faithfulness.py's) survives a rewrite; a section of this script's is replaced."""
     args = reproduce.parse_args(["--out", str(tmp_path)])
-    kept = f"## Faithfulness of attribution maps\n\n{reproduce.OTHER_SCRIPT}: by `experiments/faithfulness.py`.\n\n| a |"
+    kept = f"## Faithfulness\n\n{reproduce.OTHER_SCRIPT}: by `experiments/faithfulness.py`.\n\n| a |"
     (tmp_path / "RESULTS.md").write_text(f"# zoo results\n\n## Speed\n\nan old figure\n\n{kept}\n")
     text = reproduce.write_results(args, {"CPU": "c"}, [], ("", []), ("", []), tmp_path).read_text()
     assert text.count(kept) == 1 and "an old figure" not in text
