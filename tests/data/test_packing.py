@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.helpers import run_in_process, tiny_text
+from zoo.data.sequences import TokenSequenceDataModule, pack_sequences
 from zoo.data.text import IGNORE_INDEX, TextDataModule, document_targets, split_documents
 from zoo.data.tokenizers import EOS
 from zoo.errors import DataError
@@ -59,6 +60,31 @@ def test_gpt_trains_one_batch_on_packed_documents(tmp_path, capsys):
     corpus = tiny_text(tmp_path / "corpus.txt", repeats=40)
     code, out, err = run_in_process(
         ["model=gpt", "data=text", f"data.path={corpus}", "data.packing=true", "data.document_split=blank_line",
+         "trainer.fast_dev_run=true", "print_config=false", f"hydra.run.dir={tmp_path / 'run'}",
+         f"paths.data_dir={tmp_path / 'data'}", "logger=csv"],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, (out + err)[-3000:]
+
+
+def test_sequences_pack_first_fit_longest_first_with_their_labels():
+    padded = [torch.tensor([3, 4, 5, 0, 0, 0]), torch.tensor([6, 0, 0, 0, 0, 0]), torch.tensor([7, 8, 9, 1, 2, 0])]
+    samples = [(tokens, torch.tensor(label)) for tokens, label in zip(padded, (10, 11, 12))]
+    ids, labels, document_ids = pack_sequences(samples, padding_id=0)
+    assert ids.tolist() == [[7, 8, 9, 1, 2, 6], [3, 4, 5, 0, 0, 0]]
+    assert labels.tolist() == [12, 11, 10]
+    assert document_ids.tolist() == [[0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0]]
+
+
+def test_packing_needs_padded_sequences():
+    with pytest.raises(DataError, match="padding_id null"):
+        TokenSequenceDataModule(padding_id=None, packing=True)
+
+
+def test_sequence_classifier_trains_one_batch_on_packed_listops(tmp_path, capsys):
+    code, out, err = run_in_process(
+        ["model=sequence_classifier", "data=listops", "data.packing=true", "model.net.pool=mean",
+         "data.max_length=64", "data.num_train=64", "data.num_val=16", "data.num_test=16",
          "trainer.fast_dev_run=true", "print_config=false", f"hydra.run.dir={tmp_path / 'run'}",
          f"paths.data_dir={tmp_path / 'data'}", "logger=csv"],
         capsys,

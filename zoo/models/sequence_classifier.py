@@ -119,7 +119,7 @@ class SequenceClassifier(EncoderTrunk):
             return self.head(pool_tokens(features, self.config.pool, mask))
         if self.config.pool != "mean":
             raise ValueError(
-                f"packed sequences are pooled per document by their mean; set sequence_classifier pool=mean, "
+                f"packed sequences are pooled per document by their mean: set pool=mean (model.net.pool=mean), "
                 f"got pool={self.config.pool!r}"
             )
         documents = PackedDocuments.from_ids(document_ids)
