@@ -119,7 +119,7 @@ def test_random_keys_refuse_packing():
 def test_classifier_with_a_class_token_asks_for_mean_pooling():
     model = SequenceClassifier(SequenceClassifierConfig(vocab_size=32, max_length=24, dim=16, depth=1, num_heads=2))
     tokens, document_ids, _ = _packed_batch(32)
-    with pytest.raises(ValueError, match="pool=mean, got pool='cls'"):
+    with pytest.raises(ValueError, match=r"set pool=mean \(model.net.pool=mean\), got pool='cls'"):
         model(tokens, document_ids=document_ids)
 
 
