@@ -127,3 +127,26 @@ def test_document_positions_restart_at_each_document():
     documents = PackedDocuments.from_ids(torch.tensor([[0, 0, 0, 1, 1, 0], [3, 3, 3, 3, 3, 3]]))
     assert documents.positions.tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]]
     assert documents.num_documents == 4
+
+
+@pytest.mark.parametrize(("variant", "options"), kernel_cases(packing=True, first_only=True))
+def test_packed_rows_with_trailing_padding_equal_documents_run_alone(variant, options):
+    """What data.packing hands the classifier: rows ending in padding tokens (masked out), a one-token document."""
+    torch.manual_seed(0)
+    attention = AttentionConfig(variant=variant, **options)
+    config = SequenceClassifierConfig(
+        vocab_size=32, max_length=24, num_classes=3, dim=16, depth=2, num_heads=2, padding_id=0, pool="mean",
+        attention=attention,
+    )  # fmt: skip
+    model = SequenceClassifier(config).double().eval()
+    torch.nn.init.normal_(model.head.weight)
+    generator = torch.Generator().manual_seed(2)
+    docs = [torch.randint(1, 32, (n,), generator=generator) for n in (6, 1, 9, 4)]
+    tokens = torch.zeros(2, 20, dtype=torch.long)
+    document_ids = torch.zeros(2, 20, dtype=torch.long)
+    tokens[0, :16], document_ids[0, 6:], document_ids[0, 7:] = torch.cat(docs[:3]), 1, 2
+    tokens[1, :4] = docs[3]
+    with torch.no_grad():
+        packed = model(tokens, document_ids=document_ids)
+        alone = torch.cat([model(doc[None]) for doc in docs])
+    torch.testing.assert_close(packed, alone, rtol=1e-10, atol=1e-10)
