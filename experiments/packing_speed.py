@@ -42,8 +42,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny models, one timed batch per path and round")
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--rows", type=int, default=8, help="rows per batch (documents per row when padded: 1)")
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per path and round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per path and round")
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None, help="write the record here")
     return parser.parse_args()
@@ -62,7 +62,7 @@ def gpt_documents(quick: bool, block_size: int) -> tuple[list[torch.Tensor], int
 
 
 def listops_documents(quick: bool, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    examples = generate_listops(64 if quick else 2000, 8, block_size, seed=0, max_depth=4 if quick else 10)
+    examples = generate_listops(64 if quick else 512, 8, block_size, seed=0, max_depth=4 if quick else 10)
     return [(torch.tensor([TOKEN_IDS[t] for t in tokens]), torch.tensor(answer)) for tokens, answer in examples]
 
 
