@@ -189,6 +189,7 @@ def substitute(command: Command, world: dict) -> list[str]:
         "outputs/vit/job-1234": str(root / "outputs" / "vit" / "job-1234"),
         "sqlite:///optuna-gpt.db": f"sqlite:///{root / 'optuna-gpt.db'}",
         **stand_ins(world),
+        **(hf_datasets(root) if "<hf " in command.line else {}),  # only these commands need `datasets`
     }
     line = command.line
     for placeholder, value in placeholders.items():
@@ -204,6 +205,21 @@ def huggingface_folder(folder: Path, corpus: Path) -> Path:
     from tests.app.test_pretrained_decoder import pretrained_folder
 
     return folder if (folder / "config.json").is_file() else pretrained_folder(folder, corpus)
+
+
+def hf_datasets(root: Path) -> dict[str, str]:
+    """`<hf ... dataset folder>`: tiny Hugging Face datasets saved with save_to_disk (made once)."""
+    from tests.data import test_huggingface as hf
+
+    builders = {"text": hf.text_dataset, "image": hf.image_dataset, "caption": hf.caption_dataset,
+                "parallel": hf.parallel_dataset}  # fmt: skip
+    folders = {}
+    for kind, build in builders.items():
+        folder = root / f"hf-{kind}"
+        if not folder.exists():
+            build(folder)
+        folders[f"<hf {kind} dataset folder>"] = str(folder)
+    return folders
 
 
 def stand_ins(world: dict) -> dict[str, str]:

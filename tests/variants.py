@@ -1,7 +1,8 @@
 """The suite's variant tables, all read off the registry: every kernel of zoo.attention.registry.VARIANTS with
 each of its `example_options`, kept or left out by its capability flags (supports_causal,
-supports_cross_attention, supports_position_bias, supports_decoding). A kernel registered later joins every
-table, and so every generic test, with no test file touched (tests/attention/test_toy_kernel.py shows it)."""
+supports_cross_attention, supports_position_bias, supports_decoding, supports_packing). A kernel registered later
+joins every table, and so every generic test, with no test file touched (tests/attention/test_toy_kernel.py shows
+it)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def kernel_cases(
     position_bias: bool = False,
     decoding: bool = False,
     grouped: bool = False,
+    packing: bool = False,
     first_only: bool = False,
 ) -> list[tuple[str, dict[str, Any]]]:
     """(variant, options) of every registered kernel and each of its example options (its first only with
@@ -36,6 +38,7 @@ def kernel_cases(
             and (not position_bias or kernel.supports_position_bias)
             and (not decoding or (kernel.supports_causal and kernel.supports_decoding))
             and (not grouped or kernel.groups_as_repeated_heads)
+            and (not packing or kernel.supports_packing)
         )
         if wanted:
             examples = kernel.example_options[:1] if first_only else kernel.example_options
@@ -58,5 +61,5 @@ def is_pattern_kernel(variant: str) -> bool:
 
 
 def supports(variant: str, capability: str) -> bool:
-    """The kernel's flag `supports_<capability>` (causal, cross_attention, position_bias, decoding)."""
+    """The kernel's flag `supports_<capability>` (causal, cross_attention, position_bias, decoding, packing)."""
     return getattr(registry.VARIANTS[variant], f"supports_{capability}")

@@ -18,6 +18,7 @@ from zoo.attention.contract import (
     kernel_notices,
 )
 from zoo.attention.core import MultiHeadAttention
+from zoo.attention.documents import PackedDocuments
 from zoo.attention.feature_maps import elu_feature_map, favor_feature_map, orthogonal_random_features
 from zoo.attention.full import FullAttention
 from zoo.attention.functional import dot_product_attention, masked_attention, repeat_kv, softmax_attention
@@ -50,6 +51,7 @@ __all__ = [
     "LinearAttentionState",
     "LocalAttention",
     "MultiHeadAttention",
+    "PackedDocuments",
     "RollingKVCache",
     "RotaryEmbedding",
     "ScoreBias",

@@ -52,6 +52,7 @@ class AdditiveAttention(Kernel):
     supports_cross_attention = True
     supports_causal = True
     supports_position_bias = True
+    supports_packing = True
     example_options: ClassVar[tuple[dict[str, Any], ...]] = ({}, {"chunk_size": 3})
 
     def __init__(self, *, chunk_size: int | None = None) -> None:

@@ -36,7 +36,8 @@ steps: `Kernel(**options)` takes only the kernel's own options as keyword-only a
 `setup_heads(heads)` about the heads it will see (kernels that own per-head buffers or parameters, such as
 FAVOR+'s random features or memory-compressed attention's per-head projections, create them there, so that
 checkpoints load). What a kernel can do is said by class flags (`supports_causal`, `supports_cross_attention`,
-`supports_position_bias`, `supports_decoding`); what it cannot do raises a one-line error. The options a kernel
+`supports_position_bias`, `supports_decoding`, `supports_packing`: packed documents, zoo/attention/documents.py);
+what it cannot do raises a one-line error. The options a kernel
 accepts are read off its constructor, and `example_options` names a few tiny sets of them that the test
 suite's variant tables (tests/variants.py) run every generic test with. So adding a variant is one file, one
 line in zoo/attention/registry.py and one conf/attention/<name>.yaml of its options: docs/adding-a-kernel.md.
@@ -136,6 +137,9 @@ class Kernel(nn.Module):
     supports_causal: ClassVar[bool] = True
     supports_position_bias: ClassVar[bool] = False
     supports_decoding: ClassVar[bool] = True  # False: new_cache raises a one-line error saying why
+    # Packed documents (zoo/attention/documents.py): the kernel run on each document alone is what packing means
+    # for it. False where it is ill-defined (projections or clusters over the whole padded length).
+    supports_packing: ClassVar[bool] = False
     # Grouped key/value heads compute what the repeated heads would (Llama's repeat_kv) and caches keep G heads;
     # False where a kernel keeps state per key/value head (routing's centroids) or keys are the queries (lsh).
     groups_as_repeated_heads: ClassVar[bool] = True
@@ -180,6 +184,9 @@ class Kernel(nn.Module):
         """The options this kernel accepts: its constructor's keyword-only arguments."""
         parameters = inspect.signature(cls.__init__).parameters.values()
         return [p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+    def check_packing(self) -> None:
+        """A one-line error where this kernel's options rule out packed documents (the class flag aside)."""
 
     def options(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.option_names() if hasattr(self, name)}

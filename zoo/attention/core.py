@@ -20,8 +20,9 @@ from torch import nn
 from zoo.attention.cache import StaticKVCache
 from zoo.attention.config import AttentionConfig
 from zoo.attention.contract import HeadLayout, Kernel, TokenLayout
+from zoo.attention.documents import PackedDocuments
 from zoo.attention.positions import RotaryEmbedding, grid_positions
-from zoo.attention.registry import causal_variants, cross_attention_variants
+from zoo.attention.registry import causal_variants, cross_attention_variants, packing_variants
 from zoo.errors import PlacementError
 
 
@@ -152,16 +153,24 @@ class MultiHeadAttention(nn.Module):
         cache: Any = None,
         need_weights: bool = False,
         positions: torch.Tensor | None = None,
+        documents: PackedDocuments | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, T, C); context (B, S, C) or None; key_padding_mask (B, S) bool, True = padding.
 
         With `cache` (from `new_cache`), x holds only the new tokens and attends to everything cached.
         `positions` ((T,) or (T, axes) ints) overrides the default 0..T-1 (+ cache offset) for RoPE; a
         position bias always follows the token order.
+        `documents` (zoo/attention/documents.py, self-attention): x packs several documents per row; each attends
+        within itself at its own positions, exactly as if it were run alone (the kernel runs on the documents
+        laid out as a batch).
         Returns the output (B, T, C), or (output, probabilities (B, H, T, S)) if need_weights.
         """
         batch, length, _ = x.shape
         dropout_p = self.dropout if self.training else 0.0
+        if documents is not None:
+            if context is not None:
+                raise ValueError("packed documents are for self-attention; cross-attention takes document_ids=None")
+            return self._forward_documents(x, documents, key_padding_mask, cache, need_weights, positions, dropout_p)
         if context is None:
             if positions is not None and self.position_bias is not None:
                 raise ValueError("explicit positions are RoPE's; attention.position_bias follows the token order")
@@ -209,6 +218,32 @@ class MultiHeadAttention(nn.Module):
             )  # fmt: skip
         out = self.out_proj(out.transpose(1, 2).reshape(batch, length, self.dim))
         return (out, weights) if need_weights else out
+
+    def _forward_documents(
+        self, x, documents: PackedDocuments, key_padding_mask, cache, need_weights, positions, dropout_p
+    ) -> torch.Tensor:
+        """Self-attention within each packed document: the documents as a batch (N, heads, L, head_dim), their
+        padding as key padding, default positions 0..L-1 (RoPE and the position bias restart per document)."""
+        if not self.kernel.supports_packing:
+            raise ValueError(
+                f"packed documents are not supported by attention variant {self.variant!r}; valid choices: "
+                f"{packing_variants()}"
+            )
+        self.kernel.check_packing()
+        if cache is not None or need_weights or positions is not None or self.positions is not None:
+            raise ValueError("packed documents take no cache, need_weights, explicit positions or patch grid")
+        q, k, v = self._heads_qkv(x)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = documents.unpack(q), documents.unpack(k), documents.unpack(v)
+        if self.rotary is not None:
+            q, k = self.rotary.rotate_queries_keys(q, k)
+        out, _ = self.kernel(
+            q, k, v, causal=self.causal, key_padding_mask=documents.key_padding_mask(key_padding_mask),
+            dropout_p=dropout_p, bias=self.position_bias,
+        )  # fmt: skip
+        batch, length, _ = x.shape
+        return self.out_proj(documents.pack(out).transpose(1, 2).reshape(batch, length, self.dim))
 
     def _heads_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         kv_dim = self.kv_heads * self.head_dim

@@ -18,6 +18,7 @@ class FullAttention(Kernel):
     name = "full"
     supports_cross_attention = True
     supports_position_bias = True
+    supports_packing = True
     backends = ("sdpa",)
 
     def forward(

@@ -236,6 +236,7 @@ class LinearAttention(Kernel):
 
     name = "linear"
     supports_cross_attention = True
+    supports_packing = True  # the causal prefix sums restart at every document: a state reset
     example_options = ({"chunk_size": 4}, {"feature_map": "relu"}, {"feature_map": "favor", "num_features": 16})
 
     def __init__(

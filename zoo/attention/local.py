@@ -210,6 +210,7 @@ class LocalAttention(Kernel):
     name = "local"
     supports_cross_attention = False
     supports_position_bias = True
+    supports_packing = True
     backends = ("blockwise", "flex", "sdpa")
     example_options = ({"window": 5, "chunk_size": 4}, {"window": 64})
 

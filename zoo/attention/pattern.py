@@ -40,6 +40,7 @@ class PatternKernel(Kernel):
 
     supports_cross_attention = False
     supports_position_bias = True
+    supports_packing = True  # the pattern at positions inside each document
     backends = ("blockwise", "flex", "sdpa")
 
     def __init__(self) -> None:

@@ -283,14 +283,17 @@ class SinusoidalPositionalEmbedding(nn.Module):
 
 
 class LearnedPositionalEmbedding(nn.Module):
-    """Adds a learned (max_length, dim) table to (B, T, dim) inputs, starting at `offset`."""
+    """Adds a learned (max_length, dim) table to (B, T, dim) inputs, starting at `offset`, or at `positions`
+    ((B, T) ints, e.g. each token's position inside its packed document)."""
 
     def __init__(self, dim: int, max_length: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(max_length, dim))
         nn.init.normal_(self.weight, std=0.02)
 
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, offset: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if positions is not None:
+            return x + self.weight[positions]
         length = x.shape[1]
         if offset + length > self.weight.shape[0]:
             raise ValueError(f"sequence length {offset + length} exceeds block size {self.weight.shape[0]}")

@@ -68,3 +68,8 @@ def cross_attention_variants() -> list[str]:
 
 def causal_variants() -> list[str]:
     return sorted(name for name, kernel in VARIANTS.items() if kernel.supports_causal)
+
+
+def packing_variants() -> list[str]:
+    """The variants that attend within packed documents (zoo/attention/documents.py)."""
+    return sorted(name for name, kernel in VARIANTS.items() if kernel.supports_packing)

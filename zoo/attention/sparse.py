@@ -110,6 +110,13 @@ class SparseAttention(PatternKernel):
             )
         super().use_backend(backend)
 
+    def check_packing(self) -> None:
+        if self.random_keys:  # the random table is drawn for the padded length, not for each document's own
+            raise ValueError(
+                f"packed documents do not combine with attention.random_keys={self.random_keys} (variant 'sparse'); "
+                "use random_keys=0"
+            )
+
     def forward(self, q, k, v, *, causal=False, key_padding_mask=None, dropout_p=0.0, need_weights=False, bias=None):
         if not self.random_keys:
             return super().forward(

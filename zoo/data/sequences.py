@@ -4,6 +4,12 @@ other task, is generated in zoo/data/listops.py.
 
 Every module yields (token ids (B, max_length) int64, labels (B,) int64) batches and names what the model
 reads from it: vocab_size, max_length, num_classes and padding_id (None: sequences are never padded).
+
+Packing (`data.packing=true`, padded sequences only): a batch's sequences, their padding stripped, are packed
+first-fit-decreasing into rows of max_length tokens, and the batch is (token ids (R, max_length), labels (B,),
+document ids (R, max_length)), R <= B rows, labels in the order of the packed sequences. The model attends within
+each sequence and pools each by its mean (zoo/models/sequence_classifier.py), so short sequences stop paying
+for the padding of the longest.
 """
 
 from __future__ import annotations
@@ -24,9 +30,45 @@ def collate_tokens(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[to
     return torch.stack(tokens).long(), torch.stack(labels)
 
 
+def _without_padding(tokens: torch.Tensor, padding_id: int) -> torch.Tensor:
+    """A sequence padded at the end -> its tokens up to the last one that is not padding (at least one)."""
+    real = (tokens != padding_id).nonzero()
+    return tokens[: int(real.max()) + 1] if len(real) else tokens[:1]
+
+
+def pack_sequences(
+    samples: list[tuple[torch.Tensor, torch.Tensor]], padding_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens padded at the end with padding_id, label) samples -> packed (ids (R, T), labels (B,), document ids
+    (R, T)). A row's trailing padding carries the id of its last sequence (it is masked as padding anyway)."""
+    length = samples[0][0].shape[0]
+    sequences = [(_without_padding(tokens, padding_id), label) for tokens, label in samples]
+    rows: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+    room: list[int] = []
+    for tokens, label in sorted(sequences, key=lambda sample: -len(sample[0])):  # first fit, longest first
+        row = next((i for i, free in enumerate(room) if free >= len(tokens)), None)
+        if row is None:
+            rows.append([])
+            room.append(length)
+            row = len(rows) - 1
+        rows[row].append((tokens, label))
+        room[row] -= len(tokens)
+    ids = torch.full((len(rows), length), padding_id, dtype=torch.long)
+    document_ids = torch.zeros(len(rows), length, dtype=torch.long)
+    labels = []
+    for r, row in enumerate(rows):
+        start = 0
+        for d, (tokens, label) in enumerate(row):
+            ids[r, start : start + len(tokens)] = tokens.long()
+            document_ids[r, start:] = d
+            labels.append(label)
+            start += len(tokens)
+    return ids, torch.stack(labels), document_ids
+
+
 class TokenSequenceDataModule(SplitDataModule):
     """Base: subclasses implement `build_splits()` -> {split: (tokens (N, max_length) uint8 or int, labels (N,))}
-    for train, val and test."""
+    for train, val and test. `packing`: batches of packed sequences (the module docstring)."""
 
     def __init__(
         self,
@@ -37,8 +79,12 @@ class TokenSequenceDataModule(SplitDataModule):
         max_length: int = 784,
         num_classes: int = 10,
         padding_id: int | None = None,
+        packing: bool = False,
     ) -> None:
         super().__init__()
+        if packing and padding_id is None:
+            raise DataError("data.packing=true packs padded sequences, but this data set has none (padding_id null)")
+        self.packing = packing
         for name, value in (("batch_size", batch_size), ("max_length", max_length), ("vocab_size", vocab_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise DataError(f"data.{name} must be a positive int, got {value!r}")
@@ -71,7 +117,10 @@ class TokenSequenceDataModule(SplitDataModule):
     def loader(self, split: str) -> DataLoader:
         return DataLoader(self.splits[split], batch_size=self.batch_size_of(split), shuffle=split == "train",
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          collate_fn=collate_tokens)  # fmt: skip
+                          collate_fn=self.collate)  # fmt: skip
+
+    def collate(self, samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+        return pack_sequences(samples, self.padding_id) if self.packing else collate_tokens(samples)
 
 
 class PixelSequenceDataModule(TokenSequenceDataModule):

@@ -6,6 +6,13 @@ at random offsets (inputs, and targets shifted by one). There are no epochs: tra
 With `cache_dir` the array and the tokenizer are written once to disk and memory-mapped afterwards, so
 corpora larger than memory work and later runs skip tokenisation.
 
+Packing (`data.packing=true`): the corpus is already one stream of documents joined by <eos> (between files, or
+between lines or paragraphs with `data.document_split`), so a window of it packs several documents; with packing
+each batch also carries per-token document ids, the model attends within each document only (positions
+restarting at its first token: zoo/attention/documents.py) and the target after a document's <eos> (the next
+document's first token) is left out of the loss. The window's first document is usually a fragment: it starts at
+position 0 as if it were whole, as in packed pre-training.
+
 Corpora: your own files (TextDataModule, `data=text data.path=...`), tiny-shakespeare
 (ShakespeareDataModule) and, needing no download at all, the source of Python standard-library modules
 read from the running interpreter (PythonStdlibDataModule, the default of `model=gpt`).
@@ -40,6 +47,36 @@ log = logging.getLogger("zoo")
 
 CHUNK_CHARS = 1 << 20  # files are read and encoded in line-aligned chunks of about this many characters
 CACHE_VERSION = 1  # bump when the cached layout or the tokenisation changes
+# Where a document ends in the token stream (an <eos> follows it): at the end of each file, each line, or each
+# blank-line-separated paragraph. Files are the default because that is what the stream always marked.
+DOCUMENT_SPLITS = ("file", "line", "blank_line")
+IGNORE_INDEX = -100  # cross_entropy's default ignore_index: targets that cross a document boundary
+
+
+def split_documents(text: str, document_split: str) -> list[str]:
+    """The documents of a line-aligned chunk of text: itself (file), its non-blank lines, or its paragraphs."""
+    if document_split == "file":
+        return [text]
+    if document_split == "line":
+        return [line for line in text.splitlines() if line.strip()]
+    paragraphs: list[list[str]] = [[]]
+    for line in text.splitlines():
+        if line.strip():
+            paragraphs[-1].append(line)
+        elif paragraphs[-1]:
+            paragraphs.append([])
+    return ["\n".join(lines) for lines in paragraphs if lines]
+
+
+def document_targets(x: torch.Tensor, y: torch.Tensor, eos: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs and targets (B, T) of a packed window -> (x, targets, document ids (B, T)).
+
+    A document ends with its <eos>, which belongs to it (the model learns to end a document); the target after an
+    <eos> is the next document's first token, which nothing in the window may predict: IGNORE_INDEX.
+    """
+    ends = x == eos
+    document_ids = ends.long().cumsum(dim=1) - ends.long()
+    return x, y.masked_fill(ends, IGNORE_INDEX), document_ids
 
 
 def window_batch(tokens: np.ndarray, starts: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,11 +110,13 @@ class RandomBlocks(IterableDataset):
         start: int | Callable[[], int] = 0,
         rank: int = 0,
         world_size: int = 1,
+        eos: int | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.tokens, self.block_size, self.batch_size, self.seed = tokens, block_size, batch_size, seed
         self.start, self.rank, self.world_size = start, rank, world_size
+        self.eos = eos  # packing: batches are (x, targets, document ids) split at this token
 
     def first_batch(self) -> int:
         return self.start() if callable(self.start) else self.start
@@ -96,7 +135,8 @@ class RandomBlocks(IterableDataset):
         if worker is not None:
             first, stride = first + worker.id, worker.num_workers
         for index in itertools.count(first, stride):
-            yield window_batch(self.tokens, self.offsets(index), self.block_size)
+            x, y = window_batch(self.tokens, self.offsets(index), self.block_size)
+            yield (x, y) if self.eos is None else document_targets(x, y, self.eos)
 
     def __getstate__(self) -> dict[str, Any]:
         # Sent to a worker process: pin the start now rather than pickle the callable (and what it holds).
@@ -107,8 +147,8 @@ class FixedBlocks(Dataset):
     """A fixed set of windows for evaluation: every non-overlapping block of the split (`count` None), or
     `count` windows at seeded random offsets. Fixed, so every validation measures the same text."""
 
-    def __init__(self, tokens: np.ndarray, block_size: int, count: int | None, seed: int) -> None:
-        self.tokens, self.block_size = tokens, block_size
+    def __init__(self, tokens: np.ndarray, block_size: int, count: int | None, seed: int, eos: int | None = None):
+        self.tokens, self.block_size, self.eos = tokens, block_size, eos
         if count is None:
             self.starts = torch.arange(0, len(tokens) - block_size, block_size)
         else:
@@ -120,6 +160,8 @@ class FixedBlocks(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = window_batch(self.tokens, self.starts[index : index + 1], self.block_size)
+        if self.eos is not None:
+            return tuple(part[0] for part in document_targets(x, y, self.eos))
         return x[0], y[0]
 
 
@@ -130,6 +172,8 @@ class TextDataModule(SplitDataModule):
     files are joined with an <eos> token between them. tokenizer: char | bpe (byte-level, trained to
     vocab_size). The tokenizer is fit on the whole corpus (a char vocabulary must cover the val split).
     eval_batches: evaluate on that many random batches of the val/test split, or null for all of it.
+    packing: batches carry document ids, attention stays within documents and no target crosses a document end.
+    document_split: where a document ends (an <eos> follows it): file | line | blank_line.
     """
 
     def __init__(
@@ -147,8 +191,16 @@ class TextDataModule(SplitDataModule):
         num_workers: int = 0,
         cache_dir: str | None = None,
         encoding: str = "utf-8",
+        packing: bool = False,
+        document_split: str = "file",
     ) -> None:
         super().__init__()
+        if document_split not in DOCUMENT_SPLITS:
+            raise DataError(f"unknown data.document_split {document_split!r}; valid choices: {list(DOCUMENT_SPLITS)}")
+        if not isinstance(packing, bool):
+            raise DataError(f"data.packing must be true or false, got {packing!r}")
+        self.packing = packing
+        self.document_split = document_split
         if tokenizer not in KINDS:
             raise DataError(f"unknown data.tokenizer {tokenizer!r}; valid choices: {list(KINDS)}")
         if tokenizer == "bpe" and vocab_size is None:
@@ -224,7 +276,8 @@ class TextDataModule(SplitDataModule):
                     for line in handle:
                         chunk.append(line)
                         size += len(line)
-                        if size >= CHUNK_CHARS:
+                        # A paragraph never straddles two chunks: they are cut at blank lines only.
+                        if size >= CHUNK_CHARS and (self.document_split != "blank_line" or not line.strip()):
                             yield index, "".join(chunk)
                             chunk, size = [], 0
                     if chunk:
@@ -239,6 +292,8 @@ class TextDataModule(SplitDataModule):
     def cache_key(self, files: list[Path]) -> str:
         stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
         description = [CACHE_VERSION, stats, self.tokenizer_kind, self.requested_vocab_size, self.encoding]
+        if self.document_split != "file":  # the stream of earlier caches stays valid for file
+            description.append(self.document_split)
         if self.given_tokenizer is not None:
             description.append(hashlib.sha256(tokenizer_to_string(self.given_tokenizer).encode()).hexdigest())
         return hashlib.sha256(json.dumps(description).encode()).hexdigest()[:16]
@@ -266,6 +321,13 @@ class TextDataModule(SplitDataModule):
         count = 0
         previous = 0
         for batch in batched(self.read_chunks(files), 16):
+            if self.document_split != "file":  # every line or paragraph is a document and ends with <eos>
+                documents = [document for _, text in batch for document in split_documents(text, self.document_split)]
+                for encoding in tokenizer.encode_batch(documents, add_special_tokens=False):
+                    ids = encoding.ids + ([eos] if eos is not None else [])
+                    out.write(np.asarray(ids, dtype=dtype).tobytes())
+                    count += len(ids)
+                continue
             encodings = tokenizer.encode_batch([text for _, text in batch], add_special_tokens=False)
             for (index, _), encoding in zip(batch, encodings):
                 if index != previous and eos is not None:  # a document boundary
@@ -349,10 +411,20 @@ class TextDataModule(SplitDataModule):
         trainer = self.trainer
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         blocks = RandomBlocks(
-            self.splits["train"], self.block_size, self.batch_size, self.seed, self.batches_consumed, rank, world_size
-        )
+            self.splits["train"], self.block_size, self.batch_size, self.seed, self.batches_consumed, rank, world_size,
+            self.packing_eos(),
+        )  # fmt: skip
         # Not persistent: workers are forked at each iter(), so a new epoch starts from the current batch count.
         return DataLoader(blocks, batch_size=None, num_workers=self.num_workers)
+
+    def packing_eos(self) -> int | None:
+        """The <eos> id that ends each document when packing (None: no packing)."""
+        if not self.packing:
+            return None
+        eos = self.tokenizer.token_to_id(EOS)
+        if eos is None:
+            raise DataError(f"data.packing=true splits documents at {EOS}, which this tokenizer does not have")
+        return eos
 
     def batches_consumed(self) -> int:
         """Training batches drawn so far (restored from the checkpoint on resume): where the stream goes on."""
@@ -361,7 +433,7 @@ class TextDataModule(SplitDataModule):
 
     def _eval_loader(self, split: str) -> DataLoader:
         count = None if self.eval_batches is None else self.eval_batches * self.eval_batch_size
-        blocks = FixedBlocks(self.splits[split], self.block_size, count, self.seed + 1)
+        blocks = FixedBlocks(self.splits[split], self.block_size, count, self.seed + 1, self.packing_eos())
         return DataLoader(blocks, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers)
 
 

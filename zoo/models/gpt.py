@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, TokenLayout
+from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, PackedDocuments, TokenLayout
 from zoo.errors import check_choice
 from zoo.models.huggingface import (
     architecture_of,
@@ -149,11 +149,24 @@ class GPT(nn.Module):
         """One fresh decoding state per block (whatever its attention variant keeps)."""
         return [block.new_cache() for block in self.blocks]
 
-    def forward_features(self, idx: torch.Tensor, caches: list[dict[str, Any]] | None = None) -> torch.Tensor:
+    def forward_features(
+        self,
+        idx: torch.Tensor,
+        caches: list[dict[str, Any]] | None = None,
+        document_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Token ids (B, T) -> final hidden states (B, T, n_embd).
 
         With `caches` (from `new_caches`), idx holds only the new tokens; they sit after everything cached.
+        With `document_ids` (B, T) ints, each row packs several documents (a new one wherever the id changes):
+        every token attends within its document and its position counts from the document's first token, so the
+        states equal those of each document run alone (zoo/attention/documents.py).
         """
+        documents = None
+        if document_ids is not None:
+            if caches is not None:
+                raise ValueError("packed documents (document_ids) are for training and scoring, not cached decoding")
+            documents = PackedDocuments.from_ids(document_ids)
         length = idx.shape[1]
         offset = caches[0]["self"].offset if caches is not None else 0
         if self.max_length is not None and offset + length > self.max_length:
@@ -162,10 +175,10 @@ class GPT(nn.Module):
             )
         x = self.wte(idx)  # (B, T, C)
         if self.wpe is not None:
-            x = self.wpe(x, offset)
+            x = self.wpe(x, offset, None if documents is None else documents.positions)
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
-            x = block(x, cache=caches[i] if caches is not None else None)
+            x = block(x, cache=caches[i] if caches is not None else None, documents=documents)
         return self.ln_f(x)
 
     @torch.no_grad()
@@ -188,9 +201,14 @@ class GPT(nn.Module):
     def forward_head(self, features: torch.Tensor) -> torch.Tensor:
         return self.lm_head(features)  # (B, T, vocab_size)
 
-    def forward(self, idx: torch.Tensor, caches: list[dict[str, Any]] | None = None) -> torch.Tensor:
-        """Token ids (B, T) -> next-token logits (B, T, vocab_size)."""
-        return self.forward_head(self.forward_features(idx, caches))
+    def forward(
+        self,
+        idx: torch.Tensor,
+        caches: list[dict[str, Any]] | None = None,
+        document_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Token ids (B, T) -> next-token logits (B, T, vocab_size); document_ids (B, T): packed documents."""
+        return self.forward_head(self.forward_features(idx, caches, document_ids))
 
     @torch.no_grad()
     def generate(

@@ -5,7 +5,9 @@ Token embedding + learned positions (none with RoPE: rotary positions inside att
 the ViT and CLIP's text tower share (zoo/nn/encoder.py: bidirectional pre-norm blocks, final LayerNorm) ->
 pooling (a class token, or the mean of the non-padding tokens) -> a linear head. Tokens equal to
 `padding_id` are masked out of attention and pooling. Any attention variant of zoo.attention works; the
-layout tells it the longest sequence (class token included).
+layout tells it the longest sequence (class token included). Packed documents (document_ids): several sequences
+per row, each attending within itself and pooled by its own mean (pool=mean; a class token per document would
+change the row's length), one row of logits per document.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, TokenLayout
+from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, PackedDocuments, TokenLayout
 from zoo.nn import POOLINGS, Dropout, EncoderTrunk, ModelConfig, pool_tokens
 
 
@@ -89,8 +91,11 @@ class SequenceClassifier(EncoderTrunk):
             return None
         return token_ids == self.config.padding_id
 
-    def forward_features(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, T) ids -> normalised states (B, T(+1), dim) and their padding mask (B, T(+1)) or None."""
+    def forward_features(
+        self, token_ids: torch.Tensor, documents: PackedDocuments | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, T) ids -> normalised states (B, T(+1), dim) and their padding mask (B, T(+1)) or None; `documents`:
+        the rows pack several sequences (no class token then)."""
         length = token_ids.shape[1]
         if length > self.config.max_length:
             raise ValueError(
@@ -103,10 +108,20 @@ class SequenceClassifier(EncoderTrunk):
             if mask is not None:
                 mask = torch.cat([mask.new_zeros(mask.shape[0], 1), mask], dim=1)
         if self.pos_embed is not None:
-            x = self.pos_embed(x)
-        return self.forward_blocks(self.dropout(x), key_padding_mask=mask), mask
+            x = self.pos_embed(x, positions=None if documents is None else documents.positions)
+        return self.forward_blocks(self.dropout(x), key_padding_mask=mask, documents=documents), mask
 
-    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids -> logits (B, num_classes)."""
-        features, mask = self.forward_features(token_ids)
-        return self.head(pool_tokens(features, self.config.pool, mask))
+    def forward(self, token_ids: torch.Tensor, document_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) token ids -> logits (B, num_classes); with document_ids (B, T), each row packs several sequences
+        (a new one wherever the id changes) -> logits (documents, num_classes), the documents in token order."""
+        if document_ids is None:
+            features, mask = self.forward_features(token_ids)
+            return self.head(pool_tokens(features, self.config.pool, mask))
+        if self.config.pool != "mean":
+            raise ValueError(
+                f"packed sequences are pooled per document by their mean: set pool=mean (model.net.pool=mean), "
+                f"got pool={self.config.pool!r}"
+            )
+        documents = PackedDocuments.from_ids(document_ids)
+        features, mask = self.forward_features(token_ids, documents)
+        return self.head(documents.mean(features, mask))

@@ -17,7 +17,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from zoo.attention import AttentionConfig, MultiHeadAttention, TokenLayout
+from zoo.attention import AttentionConfig, MultiHeadAttention, PackedDocuments, TokenLayout
 from zoo.errors import check_choice
 from zoo.nn.activations import get_activation
 from zoo.nn.dropout import Dropout
@@ -205,20 +205,24 @@ class TransformerBlock(nn.Module):
         cache: dict[str, Any] | None = None,
         positions: torch.Tensor | None = None,
         need_weights: bool = False,
+        documents: PackedDocuments | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """x (B, T, C); context (B, S, C) for cross-attention; masks (B, T) / (B, S) bool, True = pad.
 
         With need_weights, also returns the attention probabilities {"self": (B, H, T, T), "cross":
-        (B, H, T, S)} (slower: for inspection, e.g. alignment plots).
+        (B, H, T, S)} (slower: for inspection, e.g. alignment plots). `documents`: x packs several documents per
+        row, and self-attention stays within each (zoo/attention/documents.py).
         """
         if self.checkpointing and self.training and torch.is_grad_enabled() and cache is None and not need_weights:
             # Activation checkpointing (Chen et al. 2016): keep the block's input only, recompute the rest in the
             # backward. Non-reentrant, so that it works with inputs that need no gradient and with kwargs.
             return torch.utils.checkpoint.checkpoint(
-                self._forward, x, key_padding_mask, context, context_padding_mask, None, positions, False,
+                self._forward, x, key_padding_mask, context, context_padding_mask, None, positions, False, documents,
                 use_reentrant=False,
             )  # fmt: skip
-        return self._forward(x, key_padding_mask, context, context_padding_mask, cache, positions, need_weights)
+        return self._forward(
+            x, key_padding_mask, context, context_padding_mask, cache, positions, need_weights, documents
+        )
 
     def _forward(
         self,
@@ -229,13 +233,19 @@ class TransformerBlock(nn.Module):
         cache: dict[str, Any] | None,
         positions: torch.Tensor | None,
         need_weights: bool,
+        documents: PackedDocuments | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
         self_cache = cache["self"] if cache is not None else None
         weights: dict[str, torch.Tensor] = {}
 
         def self_attention(h: torch.Tensor) -> torch.Tensor:
             h = self.self_attn(
-                h, key_padding_mask=key_padding_mask, cache=self_cache, positions=positions, need_weights=need_weights
+                h,
+                key_padding_mask=key_padding_mask,
+                cache=self_cache,
+                positions=positions,
+                need_weights=need_weights,
+                documents=documents,
             )
             if need_weights:
                 h, weights["self"] = h

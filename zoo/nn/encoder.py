@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.attention import TokenLayout
+from zoo.attention import PackedDocuments, TokenLayout
 from zoo.nn.blocks import transformer_stack
 
 POOLINGS = ("cls", "mean")
@@ -77,8 +77,11 @@ class EncoderTrunk(nn.Module):
         if isinstance(self.head, nn.Linear):
             nn.init.zeros_(self.head.weight)
 
-    def forward_blocks(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Embedded tokens (B, T, dim) -> normalised features (B, T, dim); key_padding_mask (B, T), True = pad."""
+    def forward_blocks(
+        self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, documents: PackedDocuments | None = None
+    ) -> torch.Tensor:
+        """Embedded tokens (B, T, dim) -> normalised features (B, T, dim); key_padding_mask (B, T), True = pad;
+        documents: the rows pack several sequences (zoo/attention/documents.py)."""
         for block in self.blocks:
-            x = block(x, key_padding_mask=key_padding_mask)
+            x = block(x, key_padding_mask=key_padding_mask, documents=documents)
         return self.norm(x)

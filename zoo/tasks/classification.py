@@ -91,10 +91,13 @@ class ClassificationTask(ZooTask):
         plain, mirrored = both.chunk(2)
         return torch.logaddexp(plain, mirrored) - math.log(2.0)
 
-    def _step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> torch.Tensor:
-        inputs, labels = batch
-        inputs, targets = self.training_targets(inputs, labels) if stage == "train" else (inputs, labels)
-        logits = self(inputs) if stage == "train" else self.evaluation_logits(inputs)
+    def _step(self, batch: tuple[torch.Tensor, ...], stage: str) -> torch.Tensor:
+        inputs, labels, *packed = batch  # packed token sequences (data.packing): their document ids too
+        if packed:  # one row of logits per packed sequence
+            targets, logits = labels, self.network()(inputs, document_ids=packed[0])
+        else:
+            inputs, targets = self.training_targets(inputs, labels) if stage == "train" else (inputs, labels)
+            logits = self(inputs) if stage == "train" else self.evaluation_logits(inputs)
         loss = F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing if stage == "train" else 0.0)
         # update, not the metric's forward: that also computes each batch's own accuracy, which nobody logs
         getattr(self, f"{stage}_acc").update(logits.detach(), targets.argmax(dim=1) if targets.ndim == 2 else labels)

@@ -149,9 +149,11 @@ class LanguageModelTask(ZooTask):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.network()(idx)
 
-    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch  # (B, T) inputs and next-token targets
-        logits = self.network()(x)  # (B, T, vocab)
+    def _loss(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        # (B, T) inputs and next-token targets, and with packing (data.packing) the document ids: targets that
+        # cross a document's end are -100, cross_entropy's ignore_index.
+        x, y, *documents = batch
+        logits = self.network()(x, document_ids=documents[0]) if documents else self.network()(x)  # (B, T, vocab)
         return F.cross_entropy(logits.flatten(0, 1), y.flatten())
 
     def configure_optimizers(self) -> dict[str, Any]:
@@ -178,10 +180,10 @@ class LanguageModelTask(ZooTask):
             self.log("train/tokens_per_s", batch[0].numel() / seconds, on_step=True, prog_bar=True)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self.val_loss.update(self._loss(batch), weight=batch[1].numel())
+        self.val_loss.update(self._loss(batch), weight=(batch[1] >= 0).sum())
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self.test_loss.update(self._loss(batch), weight=batch[1].numel())
+        self.test_loss.update(self._loss(batch), weight=(batch[1] >= 0).sum())
 
     def _log_loss_and_perplexity(self, stage: str, metric: torchmetrics.MeanMetric) -> None:
         loss = metric.compute()
