@@ -224,6 +224,7 @@ class Throughput(Callback):
         self._counted = False
         self._peak_looked_up = peak_flops is not None
         self._start: float | None = None
+        self.last: dict[str, float] = {}  # the metrics of the last timed batch (what was logged)
 
     # FLOPs: the first training batch of a fit, inside the counter
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args) -> None:
@@ -289,6 +290,7 @@ class Throughput(Callback):
             metrics[FLOPS_PER_S] = self.flops_per_batch / seconds
             if self.peak_flops:
                 metrics[MFU] = self.flops_per_batch / seconds / self.peak_flops
+        self.last = metrics
         for name, value in metrics.items():
             pl_module.log(name, value, on_step=True, on_epoch=False, prog_bar=name in ON_THE_BAR, batch_size=1)
 
