@@ -64,6 +64,12 @@ def test_a_difference_is_reported_as_a_failed_case(monkeypatch) -> None:
     assert "| FAILED | 0 of 1 cases equal; not: full[] causal |" in page
 
 
+def test_variant_cases_past_the_sections_time_are_listed_as_not_run() -> None:
+    result = gpu_check.compare_variants("cpu", cases=first_examples()[:2], length=8, dim=8, budget_s=-1)
+    assert result["status"] == "ok" and all(row["ok"] is None for row in result["cases"].values())
+    assert gpu_check.summary("variants", result) == "0 of 2 cases equal; 2 not run (time)"
+
+
 def test_the_ddp_step_runs_only_with_two_gpus() -> None:
     assert gpu_check.ddp_skip_reason("cuda", 2) is None
     assert gpu_check.ddp_skip_reason("cuda", 1) == "1 GPU visible; the 2-rank DDP step needs 2"

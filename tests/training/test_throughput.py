@@ -186,6 +186,8 @@ def test_a_real_matmul_probe_measures_a_plausible_peak() -> None:
 def test_gpu_peaks_come_from_lightnings_table_and_an_unknown_gpu_is_named(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     assert device_peak_flops(torch.device("cuda"), torch.bfloat16) == (989.4e12, "the datasheet (Lightning's table)")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")  # Lightning has none
+    assert device_peak_flops(torch.device("cuda"), torch.bfloat16)[0] == 989.5e12
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Imaginary 9000")
     peak, reason = device_peak_flops(torch.device("cuda"), torch.bfloat16)
     assert peak is None and reason == "'NVIDIA Imaginary 9000' in bfloat16 is not in Lightning's table of peaks"

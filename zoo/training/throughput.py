@@ -154,20 +154,40 @@ def cpu_peak_flops(dtype: torch.dtype, cache_dir: Path | None = None) -> float:
     return flops
 
 
+# Dense peaks (FLOP/s) of GPUs that Lightning's table misses or lists with 2:4 sparsity: its H200 rows are the
+# datasheet's sparse figures and match only names with "sxm1" / "nvl1", while the H200 reports "NVIDIA H200"
+# (NVIDIA H200 datasheet: the sparse tensor-core figures halved). Keys: a lower-case part of the device name.
+DENSE_PEAKS = {
+    "h200 nvl": {torch.bfloat16: 835.5e12, torch.float16: 835.5e12, "tfloat32": 417.5e12, torch.float32: 60e12},
+    "h200": {torch.bfloat16: 989.5e12, torch.float16: 989.5e12, "tfloat32": 494.7e12, torch.float32: 67e12},
+}
+
+
+def gpu_peak_flops(name: str, dtype: torch.dtype) -> float | None:
+    """A dense peak from DENSE_PEAKS for this device name (fp32 read as TF32 unless matmul precision is highest)."""
+    for part, peaks in DENSE_PEAKS.items():
+        if part in name.lower():
+            key = "tfloat32" if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest" else dtype
+            return peaks.get(key)
+    return None
+
+
 def device_peak_flops(device: torch.device, dtype: torch.dtype, cpu_probe: bool = True, cache_dir=None) -> tuple:
-    """(peak FLOP/s or None, where it came from or why it is unknown): Lightning's datasheet table for GPUs and
-    TPUs (dense, no sparsity; fp32 on Ampere and later reads the TF32 peak unless matmul precision is "highest"),
-    the cached matmul probe on a CPU."""
+    """(peak FLOP/s or None, where it came from or why it is unknown): dense datasheet figures for GPUs and TPUs
+    (DENSE_PEAKS, then Lightning's table; fp32 on Ampere and later reads the TF32 peak unless matmul precision is
+    "highest"), the cached matmul probe on a CPU."""
     if device.type == "cpu":
         if not cpu_probe:
             return None, "the CPU probe is off (callbacks.throughput.cpu_probe=false)"
         return cpu_peak_flops(dtype, cache_dir), "a measured matmul on this CPU"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    if peak := gpu_peak_flops(name, dtype):
+        return peak, "the datasheet, dense (zoo.training.throughput.DENSE_PEAKS)"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a device missing from the table: said once, in our own words
         peak = get_available_flops(device, dtype)
     if peak:
         return float(peak), "the datasheet (Lightning's table)"
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     return None, f"{name!r} in {str(dtype).removeprefix('torch.')} is not in Lightning's table of peaks"
 
 
