@@ -1,5 +1,5 @@
 """Throughput and model FLOPs utilisation (MFU) of every training run: a Lightning callback, the FLOP count of a
-training step, and the device's peak FLOP/s (Lightning's datasheet table for GPUs, a cached matmul probe on CPUs).
+training step, and the device's peak FLOP/s (dense datasheet figures for GPUs, a cached matmul probe on CPUs).
 
 MFU = the FLOPs one training batch needs (forward + backward, counted once) / its step time / the device's peak
 (Chowdhery et al. 2022, PaLM, appendix B; nanoGPT's `estimate_mfu` and litgpt log the same ratio).
@@ -9,7 +9,9 @@ Lightning's `measure_flops`: that runs a forward and backward of its own, which 
 training_step and adds gradients to the real parameters unless the model is copied to the meta device. Counting the
 real first batch sees what a step runs (the loss, the backward, the attention kernel actually taken) at the cost of
 one slower step, which is left out of the timings. The counter knows matmuls, convolutions and the CUDA attention
-kernels; zoo adds the CPU flash-attention kernel with the formula torch uses for the CUDA one.
+kernels; zoo adds the CPU flash-attention kernel and counts every attention backward without the scores a fused
+kernel recomputes (model FLOPs). FlexAttention refuses to run under the counter: such a step runs again without it,
+and MFU is unknown for that run.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ STEP_MS = "train/step_ms"
 SAMPLES_PER_S = "train/samples_per_s"
 MFU = "train/mfu"
 FLOPS_PER_BATCH = "train/flops_per_batch"
-ON_THE_BAR = (STEP_MS, SAMPLES_PER_S, "train/tokens_per_s", "train/images_per_s", MFU)
+# Measurements of the machine, not of the run (two runs of one config differ in them); the progress bar shows them.
+MEASURED = (STEP_MS, SAMPLES_PER_S, "train/tokens_per_s", "train/images_per_s", MFU)
 
 
 # -- counting ---------------------------------------------------------------------------------------------
@@ -311,7 +314,7 @@ class Throughput(Callback):
                 metrics[MFU] = self.flops_per_batch / seconds / self.peak_flops
         self.last = metrics
         for name, value in metrics.items():
-            pl_module.log(name, value, on_step=True, on_epoch=False, prog_bar=name in ON_THE_BAR, batch_size=1)
+            pl_module.log(name, value, on_step=True, on_epoch=False, prog_bar=name in MEASURED, batch_size=1)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._stop_counting()
