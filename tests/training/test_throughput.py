@@ -178,9 +178,11 @@ def test_the_cpu_probe_runs_once_per_host_dtype_and_threads_then_reads_its_cache
     assert len(probes) == 3 and callback.peak_flops == 2e10 and trainer.callback_metrics["train/mfu"] > 0
 
 
-def test_a_real_matmul_probe_measures_a_plausible_peak() -> None:
+def test_a_real_matmul_probe_measures_a_plausible_peak_and_leaves_the_runs_random_draws_alone() -> None:
+    state = torch.get_rng_state()
     peak = throughput.matmul_peak(torch.float32, largest=256, repeats=1)
     assert 1e7 < peak < 1e14  # a CPU core does between tens of MFLOP/s and tens of TFLOP/s
+    assert torch.equal(torch.get_rng_state(), state)  # else a resumed run, probing or not, would draw differently
 
 
 def test_gpu_peaks_come_from_lightnings_table_and_an_unknown_gpu_is_named(monkeypatch) -> None:

@@ -120,8 +120,9 @@ def matmul_peak(dtype: torch.dtype, device: str = "cpu", largest: int = 2048, re
     """FLOP/s of a square matmul, the best of `repeats`; the size doubles from 256 to `largest` while one matmul
     takes under 50 ms, so a CPU that emulates the dtype slowly is probed in about a second too."""
     size = 256
+    generator = torch.Generator(device).manual_seed(0)  # its own: a probe mid-run leaves the run's draws as they were
     while True:
-        a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
+        a, b = (torch.randn(size, size, dtype=dtype, device=device, generator=generator) for _ in range(2))
         best = float("inf")
         for _ in range(repeats + 1):  # the first run warms up
             start = time.perf_counter()
