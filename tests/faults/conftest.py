@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import finish, start
+from zoo.training.throughput import MEASURED
 
 # 4 epochs of 5 batches, validated after each: last.ckpt at steps 5, 10, 15, 20.
 TINY_VIT = [
@@ -47,7 +48,8 @@ def metrics_of(run_dir: Path) -> dict[str, float]:
 def assert_same_metrics(resumed: dict[str, float], expected: dict[str, float]) -> None:
     assert resumed.keys() == expected.keys() and "test/acc" in resumed
     for key, value in expected.items():
-        assert resumed[key] == pytest.approx(value, abs=1e-6), key
+        if key not in MEASURED:  # speeds are measurements of the machine, not of the run
+            assert resumed[key] == pytest.approx(value, abs=1e-6), key
 
 
 def error_lines(err: str) -> list[str]:

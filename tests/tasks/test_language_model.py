@@ -18,6 +18,7 @@ from zoo.errors import CheckpointError
 from zoo.models.gpt import GPT, GPTConfig, SamplingConfig
 from zoo.tasks.language_model import LanguageModelTask, generate_text
 from zoo.tasks.optim import param_groups
+from zoo.training.throughput import Throughput
 
 TEXT = "".join(
     f"ROMEO: {'what light through yonder window breaks' if i % 2 else 'it is the east'}.\n" for i in range(400)
@@ -46,7 +47,8 @@ def fit(
     trainer = L.Trainer(
         max_steps=max_steps, val_check_interval=max_steps // 2, check_val_every_n_epoch=None, logger=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root), gradient_clip_val=1.0,
-        callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=str(root / "checkpoints"), monitor="val/loss")],
+        callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=str(root / "checkpoints"), monitor="val/loss"),
+                   Throughput(peak_flops=1e12)],
     )  # fmt: skip
     trainer.fit(task, datamodule=data)
     return task, trainer, data

@@ -149,6 +149,10 @@ class ImageClassificationTask(ClassificationTask):
     )
     mixes_inputs = True
 
+    def throughput_counts(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, int]:
+        """Samples (images) of a training batch (zoo.training.throughput)."""
+        return {"samples": len(batch[1]), "images": len(batch[1])}
+
     def build_net(self, net: dict[str, Any], pretrained: str | None) -> ViT:
         if not pretrained:
             return ViT(ViTConfig.from_dict(net))
@@ -168,6 +172,10 @@ class SequenceClassificationTask(ClassificationTask):
     attention_placements = (
         AttentionPlacement("every self-attention", "attention.{option}={value}", causal=False, grid=False),
     )
+
+    def throughput_counts(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, int]:
+        """Samples and tokens (padded positions included: the network reads them) of a training batch."""
+        return {"samples": batch[0].shape[0], "tokens": batch[0].numel()}
 
     def build_net(self, net: dict[str, Any], pretrained: str | None) -> SequenceClassifier:
         if pretrained:

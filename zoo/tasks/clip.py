@@ -131,6 +131,11 @@ class CLIPTask(ZooTask):
         self.log("train/logit_scale", logit_scale, on_step=True, on_epoch=False, batch_size=size)
         return loss
 
+    def throughput_counts(self, batch: dict[str, Any]) -> dict[str, int]:
+        """Image-caption pairs, images and caption tokens (padding included) of a training batch."""
+        size = len(batch["captions"])
+        return {"samples": size, "images": size, "tokens": batch["tokens"].numel()}
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # As OpenAI and open_clip do: keep the parameter itself inside [0, ln 100] so it can always move back.
         with torch.no_grad():

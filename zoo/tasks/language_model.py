@@ -8,7 +8,6 @@ alone (what `python run.py model=gpt mode=generate ckpt_path=...` uses).
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -87,7 +86,6 @@ class LanguageModelTask(ZooTask):
             self.net = GPT(GPTConfig.from_dict(net))
             self._add_lora()
         self.val_loss, self.test_loss = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
-        self._step_start: float | None = None
 
     # -- model and tokenizer from the data ------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -164,20 +162,15 @@ class LanguageModelTask(ZooTask):
             )
         return super().configure_optimizers()
 
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        self._step_start = time.perf_counter()
+    def throughput_counts(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, int]:
+        """Samples and tokens of a training batch (zoo.training.throughput)."""
+        return {"samples": batch[0].shape[0], "tokens": batch[0].numel()}
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
         if self.logging_this_step():
             self.log("train/loss", loss, on_step=True, prog_bar=True)
         return loss
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        # Forward, backward and optimiser step of this batch (data loading excluded).
-        if self._step_start is not None and self.logging_this_step():
-            seconds = time.perf_counter() - self._step_start
-            self.log("train/tokens_per_s", batch[0].numel() / seconds, on_step=True, prog_bar=True)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self.val_loss.update(self._loss(batch), weight=(batch[1] >= 0).sum())

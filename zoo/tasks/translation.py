@@ -157,6 +157,11 @@ class TranslationTask(ZooTask):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         return self._loss(batch, "train")
 
+    def throughput_counts(self, batch: dict[str, Any]) -> dict[str, int]:
+        """Sentence pairs, and the tokens the network reads (source and decoder input, padding included)."""
+        src, tgt = batch["src"], batch["tgt"]
+        return {"samples": src.shape[0], "tokens": src.numel() + tgt[:, :-1].numel()}
+
     # -- evaluation -----------------------------------------------------------------------------
     def translate_ids(self, src: torch.Tensor, beam_size: int) -> list[list[int]]:
         options = dict(max_len_a=self.hparams.max_len_a, max_len_b=self.hparams.max_len_b)
