@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 
 import pytest
+
+# What runs write to the user's cache (the throughput callback's CPU matmul probe, zoo/training/throughput.py) goes
+# to a folder of this test session, removed at its end: the tests leave nothing in ~/.cache and read no figure an
+# earlier session measured. Runs started as subprocesses inherit it.
+if "ZOO_TEST_CACHE" not in os.environ:
+    os.environ["ZOO_TEST_CACHE"] = os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="zoo-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["ZOO_TEST_CACHE"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
