@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.helpers import ROOT, run_in_process, tiny_text
+from tests.helpers import run_in_process, tiny_text
 from zoo.data.images import DigitsDataModule
 from zoo.data.shards import StreamingImagesDataModule, read_meta, write_shards
 from zoo.errors import DataError

@@ -271,7 +271,8 @@ def usable_split(data_dir: Path, split: str, meta: dict[str, Any], verify: bool,
     if not skip_bad_shards:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise DataError(
-            f"shard {folder / name} is {why}{more}; convert again, or pass data.skip_bad_shards=true to train without it"
+            f"shard {folder / name} is {why}{more}; convert again, or pass data.skip_bad_shards=true to train "
+            "without it"
         )
     index = json.loads((folder / "index.json").read_text())
     kept = [chunk for chunk in index["chunks"] if chunk["filename"] not in bad]
@@ -287,23 +288,28 @@ def usable_split(data_dir: Path, split: str, meta: dict[str, Any], verify: bool,
 
 
 def streaming_loader_class() -> type:
-    """litdata's StreamingDataLoader, with one fix for resuming under Lightning: after load_state_dict the
-    restored position must serve one iteration only. Lightning ends an epoch when it has counted the loader's
-    batches, without exhausting litdata's generator, which then keeps its `restore` flag and would replay the
-    restored position's tail as the next epoch."""
+    """litdata's StreamingDataLoader, restoring its position at the start of the next iteration only.
+
+    Two things make litdata's own resume go wrong under Lightning: Lightning builds and iterates the training loader
+    before it restores the loops (to count the steps of a learning-rate schedule), keeps that iterator for the first
+    epoch and never hands the loader the saved state; and it ends an epoch by counting batches, without exhausting
+    litdata's generator, whose `restore` flag then replays the restored position's tail as the next epoch. So the
+    data module carries the position in its own checkpoint entry (ShardsDataModule.state_dict, restored before the
+    loader is built), and a state given to `load_state_dict` serves the next iteration and no other."""
     from litdata import StreamingDataLoader
 
     class Loader(StreamingDataLoader):
-        _restored_once = False
+        pending: dict[str, Any] | None = None
 
         def load_state_dict(self, obj: dict[str, Any]) -> None:
-            super().load_state_dict(obj)
-            self._restored_once = False
+            self.pending = obj
 
         def __iter__(self) -> Any:
-            if self.restore and self._restored_once:
-                self.restore = False  # a new epoch: the restored position was used up by the previous iteration
-            self._restored_once = True
+            if self.pending is not None:
+                super().load_state_dict(self.pending)  # sets `restore`: this iteration goes on from there
+                self.pending = None
+            elif self.restore:
+                self.restore = False  # the restored position was used up by the previous iteration: a new epoch
             return super().__iter__()
 
     return Loader
@@ -342,6 +348,8 @@ class ShardsDataModule(SplitDataModule):
         self.verify = verify
         self.skip_bad_shards = skip_bad_shards
         self._folders: dict[str, Path] = {}
+        self.train_loader: Any = None
+        self.saved_position: dict[str, Any] | None = None  # from a checkpoint, until the training loader exists
 
     def split_folder(self, split: str) -> Path:
         if split not in self._folders:
@@ -368,13 +376,31 @@ class ShardsDataModule(SplitDataModule):
 
     def stream_loader(self, split: str, collate: Callable[[list[Any]], Any] | None = None) -> Any:
         """A StreamingDataLoader over one split, batches made by `collate` (default: the module's)."""
-        return streaming_loader_class()(
+        loader = streaming_loader_class()(
             self.dataset(split),
             batch_size=self.batch_size_of(split),
             num_workers=self.num_workers,
             collate_fn=collate or self.collate,
             persistent_workers=False,
         )
+        if split == "train":
+            self.train_loader = loader
+            if self.saved_position is not None:
+                loader.load_state_dict(self.saved_position["loader"])
+                self.saved_position = None
+        return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training loader's position (Lightning stores it in checkpoints)."""
+        return {} if self.train_loader is None else {"loader": self.train_loader.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        if self.train_loader is not None:
+            self.train_loader.load_state_dict(state_dict["loader"])
+        else:
+            self.saved_position = state_dict
 
     def setup(self, stage: str | None = None) -> None:
         for split in SPLITS:
@@ -492,6 +518,12 @@ class StreamingCaptionsDataModule(CaptionDataModule):
             "match_ids": torch.tensor([sample["match_id"] for sample in samples], dtype=torch.long),
             "labels": torch.tensor([sample["label"] for sample in samples], dtype=torch.long),
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.shards.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.shards.load_state_dict(state_dict)
 
     def loader(self, split: str) -> Any:
         if self.tokenizer is None:
