@@ -46,9 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def write_synthetic_shards(out: Path, count: int, size: int) -> float:
     """`count` random 3 x size x size images with labels as an images shards folder; returns the seconds taken."""
-    from zoo.data.shards import FORMAT_VERSION, META, chunk_checks
-
     from litdata.streaming.writer import BinaryWriter
+
+    from zoo.data.shards import FORMAT_VERSION, META, chunk_checks
 
     began = time.perf_counter()
     rng = np.random.default_rng(0)

@@ -116,8 +116,8 @@ def test_each_family_converts_its_data_and_trains_from_the_shards(family: str, t
     assert code == 0, err[-3000:]
     assert f"shards to {out}" in stdout and (out / "zoo.json").is_file()
     model = convert[0]
-    code, stdout, err = run_in_process([model, *train, f"data.data_dir={out}", *FAST, f"hydra.run.dir={tmp_path / 't'}"],
-                                       capsys)  # fmt: skip
+    training = [model, *train, f"data.data_dir={out}", *FAST, f"hydra.run.dir={tmp_path / 't'}"]
+    code, stdout, err = run_in_process(training, capsys)
     assert code == 0, (stdout + err)[-3000:]
     assert "test/loss" in stdout
 
