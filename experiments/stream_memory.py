@@ -6,8 +6,9 @@ set grows 1x -> 8x, against holding the same images in memory as zoo's in-memory
 
 Each scale: synthetic uint8 images are written as litdata shards (conversion time and rate), then a fresh process
 reads one epoch through StreamingImagesDataModule's loader (normalised batches of 256) and reports its peak RSS
-(ru_maxrss) and read rate; a second fresh process reads the shards into one uint8 tensor (what an in-memory module
-holds). Results go to experiments/results/data_at_scale.md with the CPU and date.
+(ru_maxrss, which counts the pages of the chunk files litdata maps, and RssAnon sampled after each batch: the
+process's own memory) and read rate; a second fresh process reads the shards into one uint8 tensor (what an
+in-memory module holds). Results go to experiments/results/data_at_scale.md with the CPU and date.
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ def write_synthetic_shards(out: Path, count: int, size: int) -> float:
     return time.perf_counter() - began
 
 
+def anonymous_mib() -> float:
+    """RssAnon of this process (Linux): its own memory, without file pages mapped in (litdata maps chunk files,
+    whose resident pages are page cache the kernel can drop, yet count in ru_maxrss)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def measure(how: str, folder: str, batch_size: int, batches: int) -> None:
     """In a fresh process: read the training split (streamed, or whole into memory) and print peak RSS and rate."""
     import torch
@@ -74,15 +84,17 @@ def measure(how: str, folder: str, batch_size: int, batches: int) -> None:
     from zoo.data.shards import StreamingImagesDataModule
 
     module = StreamingImagesDataModule(data_dir=folder, batch_size=batch_size, augment=False, shuffle=True)
-    began, seen = time.perf_counter(), 0
+    began, seen, anonymous = time.perf_counter(), 0, anonymous_mib()
     if how == "stream":
         for number, (images, _) in enumerate(module.stream_loader("train"), 1):
             seen += len(images)
+            anonymous = max(anonymous, anonymous_mib())
             if number == batches:
                 break
     else:  # the in-memory modules' way: every image in one uint8 tensor, then batches from it
         held = [torch.as_tensor(s["image"]) for s in module.dataset("train")]
         images = torch.stack(held)
+        anonymous = max(anonymous, anonymous_mib())
         del held
         for start in range(0, len(images), batch_size):
             batch = images[start : start + batch_size].float().div(255)
@@ -91,7 +103,7 @@ def measure(how: str, folder: str, batch_size: int, batches: int) -> None:
                 break
     elapsed = time.perf_counter() - began
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    print(json.dumps({"peak_mib": peak, "images": seen, "seconds": elapsed}))
+    print(json.dumps({"peak_mib": peak, "anonymous_mib": anonymous, "images": seen, "seconds": elapsed}))
 
 
 def child(how: str, folder: Path, args: argparse.Namespace) -> dict:
@@ -128,7 +140,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             stream, memory = child("stream", folder, args), child("memory", folder, args)
             rows.append({"scale": scale, "images": count, "shard_mib": megabytes, "write_rate": count / seconds,
                          "stream_peak": stream["peak_mib"], "stream_rate": stream["images"] / stream["seconds"],
-                         "memory_peak": memory["peak_mib"]})  # fmt: skip
+                         "memory_peak": memory["peak_mib"], "stream_anon": stream["anonymous_mib"],
+                         "memory_anon": memory["anonymous_mib"]})  # fmt: skip
             shutil.rmtree(folder)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -136,14 +149,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"Images 3x{args.image_size}x{args.image_size} uint8, batches of {args.batch_size}; {cpu_name()}, "
         f"{date.today().isoformat()}{' (--quick: one batch per read)' if args.quick else ''}.",
         "",
-        "| scale | images | shards (MiB) | conversion (images/s) | streamed: peak RSS (MiB) | streamed: images/s "
-        "| in memory: peak RSS (MiB) |",
-        "|---|---|---|---|---|---|---|",
+        "| scale | images | shards (MiB) | conversion (images/s) | streamed: images/s | streamed: peak RSS "
+        "(MiB) | streamed: peak anonymous (MiB) | in memory: peak RSS (MiB) | in memory: peak anonymous (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['scale']}x | {r['images']:,} | {r['shard_mib']:.0f} | {r['write_rate']:,.0f} | "
-            f"{r['stream_peak']:.0f} | {r['stream_rate']:,.0f} | {r['memory_peak']:.0f} |"
+            f"{r['stream_rate']:,.0f} | {r['stream_peak']:.0f} | {r['stream_anon']:.0f} | {r['memory_peak']:.0f} | "
+            f"{r['memory_anon']:.0f} |"
         )
     table = "\n".join(lines)
     print(table)

@@ -226,7 +226,8 @@ def shards_stand_in(placeholder: str, world: dict) -> Path:
         choices = SHARDS[placeholder]
         cfg = compose_config(choices, world["root"])
         cfg = compose_config([*choices, *tiny_data_overrides(cfg, world["data"])], world["root"])
-        write_shards(hydra.utils.instantiate(cfg.data, _convert_="all"), folder)
+        # small chunks: litdata deals whole chunks to ranks, and 2 ranks of tiny data need 2 chunks at least
+        write_shards(hydra.utils.instantiate(cfg.data, _convert_="all"), folder, chunk_bytes="4KB")
     return folder
 
 
