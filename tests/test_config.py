@@ -14,6 +14,20 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
+STREAM_FAMILIES = {"images_stream": "vit", "captions_stream": "clip", "text_stream": "gpt",
+                   "parallel_text_stream": "translation"}  # fmt: skip
+
+
+def shards_description(folder: Path) -> Path:
+    """A shards folder's zoo.json alone (what the data=*_stream configs read when they compose)."""
+    from zoo.data.tokenizers import train_char_tokenizer
+
+    meta = {"kind": "images", "classes": ["a", "b"], "image_size": 8, "in_channels": 1,
+            "tokenizer": train_char_tokenizer(["abc"]).to_str()}  # fmt: skip
+    (folder / "zoo.json").write_text(json.dumps(meta))
+    return folder
+
+
 def test_every_group_has_options() -> None:
     for group in ("model", "attention", "data", "trainer", "logger", "callbacks", "paths", "hydra", "debug"):
         assert options(group), f"conf/{group}/ is empty"
@@ -51,6 +65,8 @@ def test_config_option_composes(group: str, option: str, tmp_path: Path) -> None
         overrides = [f"model={m}" for key, m in family.items() if f"zoo.data.{key}." in target] + overrides
     if option == "image_folder":  # the user must name the folder and its classes
         overrides += ["data.data_dir=images", "data.num_classes=3"]
+    if group == "data" and option in STREAM_FAMILIES:  # shards: the model reads their sizes from zoo.json
+        overrides = [f"model={STREAM_FAMILIES[option]}", *overrides, f"data.data_dir={shards_description(tmp_path)}"]
     cfg = compose_config(overrides, tmp_path)
     cfg.paths.output_dir = str(tmp_path)
     # Resolving everything catches broken interpolations; ??? (user must supply) is allowed.

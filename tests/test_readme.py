@@ -177,7 +177,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"root": root, "data": data, "run": run, "checkpoints": checkpoints}
 
 
-def substitute(command: Command, world: dict) -> list[str]:
+def substitute(command: Command, world: dict, tmp_path: Path | None = None) -> list[str]:
     """The command's arguments with README placeholders filled in: tiny data and the example run; files the
     command would write in the repository go to the test's folder instead."""
     data, root = world["data"], world["root"]
@@ -191,7 +191,7 @@ def substitute(command: Command, world: dict) -> list[str]:
         **stand_ins(world),
         **(hf_datasets(root) if "<hf " in command.line else {}),  # only these commands need `datasets`
     }
-    line = command.line
+    line = shard_placeholders(command.line, world, tmp_path or root)
     for placeholder, value in placeholders.items():
         line = line.replace(placeholder, value)
     args = parse(line).args
@@ -220,6 +220,41 @@ def hf_datasets(root: Path) -> dict[str, str]:
             build(folder)
         folders[f"<hf {kind} dataset folder>"] = str(folder)
     return folders
+
+
+# Shards stand-ins (docs/data-at-scale.md): the data each conversion command of the page reads, made tiny.
+SHARDS = {
+    "<image shards>": ["model=vit", "data=fashion_mnist"],
+    "<caption shards>": ["model=clip", "data=digits_captions"],
+    "<text shards>": ["model=gpt", "data=shakespeare"],
+    "<parallel text shards>": ["model=translation", "data=multi30k"],
+}
+
+
+def shards_stand_in(placeholder: str, world: dict) -> Path:
+    """The tiny data of a `<... shards>` placeholder converted once into a shards folder under the world's root."""
+    import hydra
+
+    from zoo.data.shards import write_shards
+
+    folder = world["root"] / "shards" / placeholder.strip("<>").replace(" ", "-")
+    if not (folder / "zoo.json").is_file():
+        choices = SHARDS[placeholder]
+        cfg = compose_config(choices, world["root"])
+        cfg = compose_config([*choices, *tiny_data_overrides(cfg, world["data"])], world["root"])
+        # small chunks: litdata deals whole chunks to ranks, and 2 ranks of tiny data need 2 chunks at least
+        write_shards(hydra.utils.instantiate(cfg.data, _convert_="all"), folder, chunk_bytes="4KB")
+    return folder
+
+
+def shard_placeholders(line: str, world: dict, tmp_path: Path) -> str:
+    """A conversion command (mode=shard) writes into a new folder; any other command reads prebuilt shards."""
+    for placeholder in SHARDS:
+        if placeholder in line:
+            new = tmp_path / "new-shards" / placeholder.strip("<>").replace(" ", "-")
+            folder = new if "mode=shard" in line.split() else shards_stand_in(placeholder, world)
+            line = line.replace(placeholder, str(folder))
+    return line
 
 
 def stand_ins(world: dict) -> dict[str, str]:
@@ -267,7 +302,7 @@ def marks(command: Command) -> list:
 @pytest.mark.slow  # each one a run of zoo in its own process
 @pytest.mark.parametrize("command", [pytest.param(c, id=f"{c.page}: {c.line[:90]}", marks=marks(c)) for c in COMMANDS])
 def test_readme_command_works_as_written(command: Command, world, tmp_path, capsys) -> None:
-    args = substitute(command, world)
+    args = substitute(command, world, tmp_path)
     if command.shown_error:
         code, out, err = run_in_process([*args, "print_config=false"], capsys)
         assert code == 2 and err.strip() == command.shown_error, err[-2000:]

@@ -8,6 +8,7 @@ Kept free of torch and Lightning imports so that a mistyped option is answered i
 - The `fresh_dir` resolver (conf/hydra/default.yaml): a run directory no other run has claimed; a run that
   fails before it starts (bad input) takes its directory away again (`discard_unstarted_run`).
 - The `image_classes` resolver (conf/data/image_folder.yaml): num_classes counted from the class folders.
+- The `shard_info` resolver (conf/data/*_stream.yaml): num_classes, image size, channels of a shards folder.
 """
 
 from __future__ import annotations
@@ -119,6 +120,17 @@ def count_image_classes(data_dir: str) -> int:
 
 
 OmegaConf.register_new_resolver("image_classes", count_image_classes, replace=True)
+
+
+def shard_info(data_dir: str, key: str) -> object:
+    """`${shard_info:<shards folder>,<key>}` (conf/data/*_stream.yaml): what the model reads from a shards folder's
+    zoo.json (num_classes, image_size, in_channels); a folder that is not one is one DataError."""
+    from zoo.data.shards import shard_info as read  # only for the stream configs: torch loads when it resolves
+
+    return read(data_dir, key)
+
+
+OmegaConf.register_new_resolver("shard_info", shard_info, replace=True)
 
 # conf/hydra/launcher/{submitit_slurm,joblib}.yaml take the names of the plugins' structured configs on purpose
 # (users type the names they know); Hydra then validates each file against that schema and warns that this

@@ -10,6 +10,7 @@ attention_maps  attention of every family, as PNGs (and to the loggers)      vit
 explain         attribution maps (attention, rollout, gradients) per image   vit, clip, sequence_classifier
 export          a self-contained folder: safetensors | onnx | huggingface    every model (onnx: all but translation
                                                                              and clip; huggingface: gpt)
+shard           the data's train/val/test splits as litdata shards in out=   image, caption, text, parallel-text data
 
 Every mode but train reads `ckpt_path=` (a checkpoint, or a folder written by mode=export) through zoo.load,
 writes its results into the run directory and prints a short summary.
@@ -38,6 +39,7 @@ from zoo.app.pipeline import instantiate_list, train_and_test
 from zoo.data.captions import encode_captions, fill_templates
 from zoo.data.parallel_text import decode_ids, encode_sources, pad_sequences
 from zoo.data.preprocessing import IMAGE_SUFFIXES, ImagePreprocessing, image_files
+from zoo.data.shards import check_output_folder, write_shards
 from zoo.data.tokenizers import encode_text
 from zoo.errors import UsageError, check_choice, check_positive_int
 from zoo.explain import EXPLAINABLE_FAMILIES
@@ -438,6 +440,21 @@ def export(cfg: DictConfig) -> dict[str, float]:
     return {}
 
 
+# -- shard ----------------------------------------------------------------------------------------
+def shard(cfg: DictConfig) -> dict[str, float]:
+    """`mode=shard data=<data> out=<folder>`: the configured data module's splits as litdata shards in a new
+    folder, read back by data=<kind>_stream (zoo/data/shards.py)."""
+    out = required(cfg, "out", "shard", "<a new folder>")
+    check_output_folder(out)  # before the data is read: nothing is overwritten
+    datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
+    meta = write_shards(datamodule, out)
+    counts = ", ".join(f"{split} {info['items']}" for split, info in meta["splits"].items())
+    stream = {"tokens": "text", "images": "images", "captions": "captions"}.get(meta["kind"], meta["kind"])
+    print(f"wrote {meta['kind']} shards to {shown_path(Path(out))} ({counts}); train on them with "
+          f"data={stream}_stream data.data_dir={out}")  # fmt: skip
+    return {}
+
+
 # Each mode as Hydra's task: zoo.app.main.task_wrapper seeds, reports, and turns bad input into one line.
 MODES: dict[str, Callable[[DictConfig], float | None]] = {
     name: task_wrapper(mode, training=name == "train")
@@ -451,6 +468,7 @@ MODES: dict[str, Callable[[DictConfig], float | None]] = {
         "attention_maps": attention_maps,
         "explain": explain,
         "export": export,
+        "shard": shard,
     }.items()
 }
 
