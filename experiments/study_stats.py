@@ -73,7 +73,7 @@ def verdict(cells: dict[str, Cell], higher_is_better: bool) -> dict:
     inside = {name for name, cell in others.items() if low <= cell.median <= high}
     overlapping = {name for name, cell in others.items() if cell.span()[0] <= high and cell.span()[1] >= low}
     measured = cells[best].n >= MIN_SEEDS_TO_WIN and cells[best].low is not None
-    clear = measured and not inside
+    clear = measured and not inside and bool(others)  # a row alone in its column wins nothing
     # A best without an interval (too few seeds) says nothing about how far the others are: none falls behind it.
     tied = set() if clear else (inside | overlapping if measured else set(others))
     marks = {name: ("≈ best" if name in tied else "") for name in others}

@@ -54,3 +54,8 @@ def test_a_median_inside_the_best_interval_ties_even_when_the_best_has_many_seed
     result = verdict(cells, higher_is_better=True)
     assert result["winner"] is None and result["marks"]["b"] == "≈ best"
     assert verdict({}, True) == {"winner": None, "best": None, "marks": {}}
+
+
+def test_a_row_alone_in_its_column_is_no_winner() -> None:
+    assert verdict({"full": Cell.of([0.9, 0.91, 0.92])}, True) == {"winner": None, "best": "full",
+                                                                   "marks": {"full": "best"}}  # fmt: skip
