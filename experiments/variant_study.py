@@ -1,8 +1,8 @@
 """The variant study: every attention variant and position option of zoo, in every model family and on two
 long-range tasks, quality next to speed, measured on one machine by one command.
 
-    python experiments/variant_study.py --quick     # scaled down: minutes a row, about an hour for every row
-    python experiments/variant_study.py --quick --rows full local   # a few rows: a few minutes
+    python experiments/variant_study.py --quick     # scaled down, rows full and linear: under 10 minutes
+    python experiments/variant_study.py --quick --rows full local   # other rows, scaled down: minutes a row
     python experiments/variant_study.py             # the study (hours on 2 CPU cores)
     python experiments/variant_study.py --resume    # keep the runs that finished (after a stop), run the rest
     python experiments/variant_study.py --reuse     # the page from the ledger and job records only: runs nothing
@@ -65,11 +65,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: `python experiments/variant_study.py`
     sys.path.insert(0, str(ROOT))
 
+from experiments.listops_recipe import CANDIDATES, COMMON  # noqa: E402
 from experiments.reproduce import IDX_FILES, fmt, machine, table  # noqa: E402
 from experiments.study_stats import Cell, seeds_required, verdict  # noqa: E402
 
 CONF = ROOT / "conf"
-ANTICIPATED = {"kv_heads": 1}  # options without named choices worth a row of their own: the value to try
+# Options without named choices worth a row of their own, and the value to try: multi-query attention, one
+# Longformer global token, StreamingLLM's 4 attention sinks.
+ANTICIPATED = {"kv_heads": 1, "global_tokens": 1, "sink_tokens": 4}
 # Settings that choose how attention is computed, not what: the same numbers by definition (the attention
 # benchmark compares them), so no row of their own.
 IMPLEMENTATION = {"backend"}
@@ -88,6 +91,20 @@ SHORT_WINDOW = 8
 PIXEL_STEPS = 500  # 16k of the 54k training images: ~8 min of full-attention training a job
 LISTOPS_TRAIN = 4800  # expressions, one epoch (150 steps): ~13 min of full-attention training a job
 LRA_VAL_BATCHES = 4  # validation is only watched (the classifier tests its last weights): 256-1024 of it
+# ListOps that learns: the recipe found by experiments/listops_recipe.py (results/listops_recipe.md): a shorter
+# maximum length with LRA's grammar, a lower learning rate and more steps than the old column's single epoch.
+LISTOPS_CHOICE = "len256_lr3e-4_b32"
+LISTOPS_RECIPE = (
+    *(o for o in COMMON if o.startswith(("data.", "trainer.limit_val"))),
+    *(o for o in CANDIDATES[LISTOPS_CHOICE] if not o.startswith("trainer.val_check_interval")),
+)
+LISTOPS_LENGTH = int(next(o for o in LISTOPS_RECIPE if o.startswith("data.max_length=")).split("=")[1])
+# MQAR (Zoology's setting of the middle length: 256 tokens, 16 pairs; its widths 64 and 128): (sequence length,
+# key-value pairs, model widths, budget); a vocabulary of 8192 as Zoology's. --quick: 64 tokens, 4 pairs, width 64.
+MQAR = (256, 16, (64, 128), ("data.num_train=20000", "trainer.max_steps=2000", "trainer.val_check_interval=500"))
+MQAR_QUICK = (64, 4, (64,), ("data.vocab_size=256", "data.num_train=2000", "data.num_test=200", "trainer.max_steps=60",
+                             "trainer.val_check_interval=60"))  # fmt: skip
+QUICK_ROWS = ("full", "linear")  # --quick without --rows: attention and its best-known substitute
 LEDGER = "variant_study_runs"  # beside the results: every finished job's record (see the module docstring)
 SPEED_SHAPES = {784: (256, None), 2000: (16, 0)}  # n -> (vocabulary, padding id): the pixel task, ListOps
 
@@ -164,7 +181,11 @@ def discover_rows() -> tuple[list[Row], list[str]]:
                 *(f"++attention.{key}={text(item)}" for key, item in {option: value, **companions}.items()),
             ]
             with contextlib.suppress(ValueError):
-                AttentionConfig(**settings)
+                config = AttentionConfig(**settings)
+                takes = {*AttentionConfig.setting_names(), *VARIANTS[config.variant].option_names()}
+                if option not in takes:
+                    continue  # a kernel option another kernel ignores: not this row's
+                config.build_kernel()  # the kernel's own checks (e.g. sinks need a window)
                 add(f"{row.name}+{label}", overrides, settings, origin)
                 return
         notes.append(f"{label} ({origin}): no row takes {option}={value}")
@@ -227,6 +248,12 @@ class Task:
     prior: bool = False  # a classification whose test set's most common class share is shown beside the rows
 
 
+def replaced(overrides: tuple[str, ...], *changes: str) -> tuple[str, ...]:
+    """`overrides` with `changes` in place of the overrides of the same keys (a key given twice is ambiguous)."""
+    keys = {change.split("=", 1)[0].lstrip("+") for change in changes}
+    return (*(o for o in overrides if o.split("=", 1)[0].lstrip("+") not in keys), *changes)
+
+
 def tasks(args: argparse.Namespace) -> list[Task]:
     quick = args.quick
     shakespeare = args.shared / "tinyshakespeare" / "input.txt"
@@ -260,6 +287,14 @@ def tasks(args: argparse.Namespace) -> list[Task]:
                                           if quick else [f"data.num_train={LISTOPS_TRAIN}", "trainer.max_epochs=1",
                                                          f"trainer.limit_val_batches={LRA_VAL_BATCHES}"])),
              window=64 if quick else None, prior=True),
+        Task("listops", f"ListOps <= {LISTOPS_LENGTH} tokens, learning recipe (test acc)", "test/acc", True,
+             ("experiment=lra_listops", *replaced(LISTOPS_RECIPE, *(["data.num_train=2000", "trainer.max_steps=40",
+                                                                     "data.num_test=200"] if quick else []))),
+             window=LISTOPS_LENGTH // 4, prior=True),
+        *(Task(f"mqar_w{width}", f"MQAR {seq_len} tokens, {pairs} pairs, width {width} (query acc)", "test/acc", True,
+               ("experiment=mqar", f"model.net.n_embd={width}", f"data.seq_len={seq_len}",
+                f"data.num_kv_pairs={pairs}", *budget), window=seq_len // 4)
+          for seq_len, pairs, widths, budget in [MQAR_QUICK if quick else MQAR] for width in widths),
     ]  # fmt: skip
 
 
@@ -1083,7 +1118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="keep the jobs that have a record, run the rest")
     parser.add_argument("--rows", nargs="+", help="only these rows (default: every row found)")
     parser.add_argument("--tasks", nargs="+", help="only these columns: vit_digits gpt_char translation_numbers "
-                        "clip_digits lra_pixel lra_listops speed")  # fmt: skip
+                        "clip_digits lra_pixel lra_listops listops mqar_w64 mqar_w128 speed")  # fmt: skip
     parser.add_argument("--seeds", type=int, default=None,
                         help="most seeds per cell (default: 5 for a job under 2 min, else 3; quick 1)")  # fmt: skip
     parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data",
@@ -1114,6 +1149,8 @@ def main(argv: list[str] | None = None) -> Path:
     info = {**machine(), "torch threads": str(torch.get_num_threads())}
     args.machine_name = info["CPU"]
     rows, left_out = discover_rows()
+    if args.quick and not args.rows:
+        args.rows = list(QUICK_ROWS)  # a check that every column runs, in minutes: two rows (--rows picks others)
     if args.rows:
         unknown = sorted(set(args.rows) - {row.name for row in rows})
         if unknown:

@@ -320,7 +320,8 @@ def test_local_attention_gets_a_window_shorter_than_each_short_task(tmp_path: Pa
             )
             assert not [a for a in full.arguments if "attention.window" in a]
     short = [task for task in variant_study.tasks(full_mode) if task.window]
-    assert {task.key for task in short} == {"vit_digits", "translation_numbers", "clip_digits"}
+    assert {task.key for task in short} == {"vit_digits", "translation_numbers", "clip_digits", "listops", "mqar_w64",
+                                            "mqar_w128"}  # fmt: skip
     vit = variant_study.Job(short[0], rows["local"], 0, tmp_path / "vit")
     window = [argument for argument in vit.arguments if "attention.window" in argument]
     config = variant_study.compose([*vit.task.overrides, *vit.row.overrides, *window], tmp_path / "vit")
@@ -395,8 +396,8 @@ def test_the_long_range_columns_show_the_class_prior_and_a_column_at_it_has_no_w
 
     args = quick_args(tmp_path)
     columns = {task.key: task for task in variant_study.tasks(args)}
-    assert [key for key, task in columns.items() if task.prior] == ["lra_pixel", "lra_listops"]
-    prior = variant_study.priors(list(columns.values()), tmp_path / "prior")
+    assert [key for key, task in columns.items() if task.prior] == ["lra_pixel", "lra_listops", "listops"]
+    prior = variant_study.priors([columns["lra_pixel"], columns["lra_listops"]], tmp_path / "prior")
     assert set(prior) == {"lra_pixel", "lra_listops"}
     # quick ListOps: 480 | 64 | 64 expressions of 64-256 tokens, split in drawing order
     answers = Counter(answer for _, answer in generate_listops(608, 64, 256, seed=0)[544:])
@@ -455,3 +456,23 @@ def test_reuse_writes_the_page_from_the_ledger_alone_and_runs_nothing(tmp_path: 
     assert "3 were measured earlier (2026-12-01 10:00 to 2026-12-01 10:00, on CPU X)" in page
     assert "0.2 hours of wall time" in page and "0.100 (class 3, of 10)" in page
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_learning_listops_and_the_mqar_columns_compose_as_their_recipes_say(tmp_path: Path) -> None:
+    """ListOps: experiments/listops_recipe.py's chosen candidate, the same test set as its search; MQAR: Zoology's
+    256 tokens and 16 pairs, a 2-layer GPT at widths 64 and 128, scored on the queries."""
+    from experiments.listops_recipe import CANDIDATES
+
+    columns = {task.key: task for task in variant_study.tasks(variant_study.parse_args(["--shared", str(tmp_path)]))}
+    listops = variant_study.compose(list(columns["listops"].overrides), tmp_path / "listops")
+    chosen = dict(o.lstrip("+").split("=", 1) for o in CANDIDATES[variant_study.LISTOPS_CHOICE])
+    assert listops.data.max_length == int(chosen["data.max_length"]) == variant_study.LISTOPS_LENGTH
+    assert listops.model.optimizer.lr == float(chosen["model.optimizer.lr"])
+    assert listops.trainer.max_steps == int(chosen["trainer.max_steps"]) and listops.data.num_test == 1000
+    for width in (64, 128):
+        mqar = variant_study.compose(list(columns[f"mqar_w{width}"].overrides), tmp_path / f"mqar{width}")
+        assert mqar.model.net.n_embd == width and mqar.model.net.n_layer == 2 and mqar.data.vocab_size == 8192
+        assert (mqar.data.seq_len, mqar.data.num_kv_pairs) == (256, 16) and mqar.model.net.block_size == 256
+        assert mqar.model._target_.endswith("AssociativeRecallTask") and columns[f"mqar_w{width}"].metric == "test/acc"
+    quick = {task.key for task in variant_study.tasks(variant_study.parse_args(["--quick"]))}
+    assert {"listops", "mqar_w64"} <= quick and "mqar_w128" not in quick
