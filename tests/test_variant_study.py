@@ -205,6 +205,7 @@ def test_step_times_measure_every_row_at_every_length() -> None:
     speed = variant_study.step_times(rows, quick=True, shapes={32: (256, None), 48: (16, 0)})
     assert speed["lengths"] == [32, 48]
     assert all(speed["rows"][row.name][n]["status"] == "ok" for row in rows for n in (32, 48)), speed
+    assert all(speed["rows"][row.name][n]["peak_mib"] > 0 for row in rows for n in (32, 48))  # one step's tensors
     assert torch.get_num_threads() == speed["threads"]
 
 
