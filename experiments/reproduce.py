@@ -647,7 +647,7 @@ def main(argv: list[str] | None = None) -> None:
     if "variants" in args.only:
         command = [sys.executable, str(EXPERIMENTS / "variant_study.py"), "--out", str(args.out), "--shared",
                    str(args.shared), "--fashion-mnist", str(args.fashion_mnist)]  # fmt: skip
-        run_command(command + ["--quick"] * args.quick + ["--reuse"] * args.reuse, runs_dir / "variant_study.log")
+        run_command(command + ["--quick"] * args.quick + ["--resume"] * args.reuse, runs_dir / "variant_study.log")
 
     runs = quality_runs(argparse.Namespace(**{**vars(args), "only": STUDIES}))
     results = {}

@@ -1,10 +1,11 @@
 """The variant study: every attention variant and position option of zoo, in every model family and on two
 long-range tasks, quality next to speed, measured on one machine by one command.
 
-    python experiments/variant_study.py --quick     # scaled down: minutes a row, about an hour for every row
-    python experiments/variant_study.py --quick --rows full local   # a few rows: a few minutes
+    python experiments/variant_study.py --quick     # scaled down, rows full and linear: under 10 minutes
+    python experiments/variant_study.py --quick --rows full local   # other rows, scaled down: minutes a row
     python experiments/variant_study.py             # the study (hours on 2 CPU cores)
-    python experiments/variant_study.py --reuse     # keep the runs that finished (after a stop), redo the rest
+    python experiments/variant_study.py --resume    # keep the runs that finished (after a stop), run the rest
+    python experiments/variant_study.py --reuse     # the page from the ledger and job records only: runs nothing
     python experiments/variant_study.py --rows full local --tasks vit_digits lra_listops
 
 Rows are found at run time, so variants and options that land later join the table without an edit here:
@@ -24,16 +25,22 @@ block, where the weights allow a longer input), numbers-task translation BLEU, d
 pixel-sequence accuracy (Fashion-MNIST, 784 tokens, after PIXEL_STEPS steps; digits, 64 tokens, in --quick),
 ListOps accuracy (up to 2000 tokens, one epoch of LISTOPS_TRAIN expressions; 256 tokens in --quick), and the
 training time per step of the sequence classifier at n=784 and n=2000.
-A job shorter than 5 minutes is repeated for 3 seeds and reported as the median (--quick: 1 seed). A job that
-exits with a one-line error (bad input: a variant that cannot run a task by definition) shows that line.
+Every cell needs 5 seeds where a job takes under 2 minutes, else 3 (experiments/study_stats.py; --quick: 1, and
+such cells are marked as short of seeds). Seed n is `seed=n` for every row: the same data order and initial weights
+wherever the shapes allow (the seed seeds every generator before the model is built). A cell shows the median and a
+95% bootstrap interval over its seeds; a column names a winner only when that row's interval excludes every other
+row's median, else the rows tied with the best are marked "≈ best" (study_stats.verdict). A job that exits with a
+one-line error (bad input: a variant that cannot run a task by definition) shows that line.
 
 Results: experiments/results/variant_study.{md,json,png} (--quick: experiments/results/quick/), with every job's
 wall time, date and the machine; the jobs' folders are outputs/variant_study/<mode>/<task>/<row>-seed<n>/ (an '='
 in a row's name written as '-'). Every job that finished with a number is also recorded in the ledger,
 <results>/variant_study_runs/<task>/<row>-seed<n>.json (committed with the results): the full study takes longer
-than one sitting, so `--reuse` also takes a job from the ledger, and the study can be run a few rows or tasks at
-a time (`--rows`, `--tasks`), on different days, and assembled by a last `--reuse` run; the page says which jobs
-were measured earlier, when and on which machine.
+than one sitting, so `--resume` also takes a job from the ledger, and the study can be run a few rows or tasks at
+a time (`--rows`, `--tasks`), on different days, and assembled by a last `--reuse` run, which runs nothing (a job
+without a record is "not run"; the speed table and the class priors have records of their own in the ledger,
+speed.json and prior.json); the page says which jobs were measured earlier, when and on which machine, and the CPU
+hours of every job it shows.
 """
 
 from __future__ import annotations
@@ -58,10 +65,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: `python experiments/variant_study.py`
     sys.path.insert(0, str(ROOT))
 
+from experiments.listops_recipe import CANDIDATES, COMMON  # noqa: E402
 from experiments.reproduce import IDX_FILES, fmt, machine, table  # noqa: E402
+from experiments.study_stats import Cell, seeds_required, verdict  # noqa: E402
 
 CONF = ROOT / "conf"
-ANTICIPATED = {"kv_heads": 1}  # options without named choices worth a row of their own: the value to try
+# Options without named choices worth a row of their own, and the value to try: multi-query attention, one
+# Longformer global token, StreamingLLM's 4 attention sinks.
+ANTICIPATED = {"kv_heads": 1, "global_tokens": 1, "sink_tokens": 4}
 # Settings that choose how attention is computed, not what: the same numbers by definition (the attention
 # benchmark compares them), so no row of their own.
 IMPLEMENTATION = {"backend"}
@@ -69,7 +80,6 @@ STOPPED_BY_SIGNAL = {130: "Ctrl-C", 138: "SIGUSR1", 143: "SIGTERM"}  # run.py's 
 # Settings an option changes nothing without, set along with it: RoPE scaled by rope_factor 1 is plain RoPE
 # (linear, ntk); 4 is the factor of the 4x-the-block column.
 COMPANIONS = {"rope_scaling": {"rope_factor": 4.0}}
-LONG_RUN_S = 300.0  # jobs shorter than this get 3 seeds (median reported)
 # Local attention's window on the short-sequence tasks (17 image tokens; a caption or a written number: 16 tokens
 # or fewer): conf/attention/local.yaml's 256 covers their whole sequence, which makes local exactly full attention
 # there. Half the sequence, as the GPT recipe's 32 of its block of 64.
@@ -81,8 +91,23 @@ SHORT_WINDOW = 8
 PIXEL_STEPS = 500  # 16k of the 54k training images: ~8 min of full-attention training a job
 LISTOPS_TRAIN = 4800  # expressions, one epoch (150 steps): ~13 min of full-attention training a job
 LRA_VAL_BATCHES = 4  # validation is only watched (the classifier tests its last weights): 256-1024 of it
+# ListOps that learns: the recipe found by experiments/listops_recipe.py (results/listops_recipe.md): a shorter
+# maximum length with LRA's grammar, a lower learning rate and more steps than the old column's single epoch.
+LISTOPS_CHOICE = "len256_lr3e-4_b32"
+LISTOPS_RECIPE = (
+    *(o for o in COMMON if o.startswith(("data.", "trainer.limit_val"))),
+    *(o for o in CANDIDATES[LISTOPS_CHOICE] if not o.startswith("trainer.val_check_interval")),
+)
+LISTOPS_LENGTH = int(next(o for o in LISTOPS_RECIPE if o.startswith("data.max_length=")).split("=")[1])
+# MQAR (Zoology's setting of the middle length: 256 tokens, 16 pairs; its widths 64 and 128): (sequence length,
+# key-value pairs, model widths, budget); a vocabulary of 8192 as Zoology's. --quick: 64 tokens, 4 pairs, width 64.
+MQAR = (256, 16, (64, 128), ("data.num_train=20000", "trainer.max_steps=2000", "trainer.val_check_interval=500"))
+MQAR_QUICK = (64, 4, (64,), ("data.vocab_size=256", "data.num_train=2000", "data.num_test=200", "trainer.max_steps=60",
+                             "trainer.val_check_interval=60"))  # fmt: skip
+QUICK_ROWS = ("full", "linear")  # --quick without --rows: attention and its best-known substitute
 LEDGER = "variant_study_runs"  # beside the results: every finished job's record (see the module docstring)
-SPEED_SHAPES = {784: (256, None), 2000: (16, 0)}  # n -> (vocabulary, padding id): the pixel task, ListOps
+# n -> (vocabulary, padding id): the pixel task, LRA's ListOps, the learning ListOps column
+SPEED_SHAPES = {784: (256, None), 2000: (16, 0), 256: (16, 0)}
 
 # Long Range Arena, Tay et al. 2021, Table 1 (accuracy %, as the LRA repository's leaderboard of 8 Nov 2020):
 # ListOps (up to 2000 tokens) and Image (CIFAR-10 as 1024 grey pixels), with the row of ours each matches.
@@ -157,7 +182,11 @@ def discover_rows() -> tuple[list[Row], list[str]]:
                 *(f"++attention.{key}={text(item)}" for key, item in {option: value, **companions}.items()),
             ]
             with contextlib.suppress(ValueError):
-                AttentionConfig(**settings)
+                config = AttentionConfig(**settings)
+                takes = {*AttentionConfig.setting_names(), *VARIANTS[config.variant].option_names()}
+                if option not in takes:
+                    continue  # a kernel option another kernel ignores: not this row's
+                config.build_kernel()  # the kernel's own checks (e.g. sinks need a window)
                 add(f"{row.name}+{label}", overrides, settings, origin)
                 return
         notes.append(f"{label} ({origin}): no row takes {option}={value}")
@@ -220,6 +249,12 @@ class Task:
     prior: bool = False  # a classification whose test set's most common class share is shown beside the rows
 
 
+def replaced(overrides: tuple[str, ...], *changes: str) -> tuple[str, ...]:
+    """`overrides` with `changes` in place of the overrides of the same keys (a key given twice is ambiguous)."""
+    keys = {change.split("=", 1)[0].lstrip("+") for change in changes}
+    return (*(o for o in overrides if o.split("=", 1)[0].lstrip("+") not in keys), *changes)
+
+
 def tasks(args: argparse.Namespace) -> list[Task]:
     quick = args.quick
     shakespeare = args.shared / "tinyshakespeare" / "input.txt"
@@ -253,6 +288,14 @@ def tasks(args: argparse.Namespace) -> list[Task]:
                                           if quick else [f"data.num_train={LISTOPS_TRAIN}", "trainer.max_epochs=1",
                                                          f"trainer.limit_val_batches={LRA_VAL_BATCHES}"])),
              window=64 if quick else None, prior=True),
+        Task("listops", f"ListOps <= {LISTOPS_LENGTH} tokens, learning recipe (test acc)", "test/acc", True,
+             ("experiment=lra_listops", *replaced(LISTOPS_RECIPE, *(["data.num_train=2000", "trainer.max_steps=40",
+                                                                     "data.num_test=200"] if quick else []))),
+             window=LISTOPS_LENGTH // 4, prior=True),
+        *(Task(f"mqar_w{width}", f"MQAR {seq_len} tokens, {pairs} pairs, width {width} (query acc)", "test/acc", True,
+               ("experiment=mqar", f"model.net.n_embd={width}", f"data.seq_len={seq_len}",
+                f"data.num_kv_pairs={pairs}", *budget), window=seq_len // 4)
+          for seq_len, pairs, widths, budget in [MQAR_QUICK if quick else MQAR] for width in widths),
     ]  # fmt: skip
 
 
@@ -335,7 +378,7 @@ def run_in_process(arguments: list[str], log: Path) -> int:
             sys.argv = argv
     if code in STOPPED_BY_SIGNAL:  # the job saved its checkpoint and stopped for the user: so does the study
         raise SystemExit(f"error: the study was stopped ({STOPPED_BY_SIGNAL[code]}) in the job logged to {log}; "
-                         "python experiments/variant_study.py --reuse continues it")  # fmt: skip
+                         "python experiments/variant_study.py --resume continues it")  # fmt: skip
     return code
 
 
@@ -397,13 +440,19 @@ def unfinished(code: int, log: Path) -> dict:
     return {"status": "failed", "reason": f"failed (exit {code}): see {log}"}
 
 
-def run_job(job: Job, reuse: bool, ledger: Path | None = None, machine_name: str = "") -> dict:
-    """Run one job (or, with `reuse`, take its record from its folder or the ledger). A job that ends with a
-    number is also written to the ledger; errors and failures are not (they are redone next time)."""
+NOT_RUN = {"status": "not run", "reason": "not run yet"}  # --reuse: a job without a record
+
+
+def run_job(job: Job, reuse: bool, ledger: Path | None = None, machine_name: str = "", run: bool = True) -> dict:
+    """Run one job (or, with `reuse`, take its record from its folder or the ledger; with `run` False, NOT_RUN
+    where there is none). A job that ends with a number is also written to the ledger; errors and failures are not
+    (they are redone next time)."""
     own = job.folder / "study_result.json"
     in_ledger = [ledger_file(ledger, job)] if ledger is not None else []
-    if reuse and (found := kept([own, *in_ledger])) is not None:
+    if (reuse or not run) and (found := kept([own, *in_ledger])) is not None:
         return {**found, "reused": True}
+    if not run:
+        return dict(NOT_RUN)
     if missing := missing_files(job.task):
         return {"status": "skipped", "reason": f"{', '.join(missing)} not found"}
     fresh_folder(job.folder)
@@ -434,8 +483,10 @@ def run_as(job: Job, plain: Job, args: argparse.Namespace, done: dict[Path, dict
     run the task), then `plain`'s record (`done` in this study, else run or reused now), kept as the row's own."""
     own = job.folder / "study_result.json"
     in_ledger = [ledger_file(args.ledger, job)] if args.ledger is not None else []
-    if args.reuse and (found := kept([own, *in_ledger])) is not None:
+    if (args.reuse or args.resume) and (found := kept([own, *in_ledger])) is not None:
         return {**found, "reused": True}
+    if args.reuse:
+        return dict(NOT_RUN)
     if missing_files(job.task):
         return run_job(job, args.reuse)  # skipped, with the missing files named
     fresh_folder(job.folder)
@@ -451,7 +502,7 @@ def run_as(job: Job, plain: Job, args: argparse.Namespace, done: dict[Path, dict
         return result
     print(f"ok; trains as {plain.folder.name}", flush=True)
     if plain.folder not in done:
-        done[plain.folder] = run_job(plain, args.reuse, args.ledger, args.machine_name)
+        done[plain.folder] = run_job(plain, args.resume, args.ledger, args.machine_name)
     result = {**{key: value for key, value in done[plain.folder].items() if key != "reused"},
               "trained_as": plain.folder.name}  # fmt: skip
     record(result, [own, *(in_ledger if result["status"] == "ok" else [])])
@@ -550,8 +601,10 @@ def longer_block(job: Job, result: dict, args: argparse.Namespace) -> dict:
     in_ledger = [ledger_file(args.ledger, job, "extrapolation")] if args.ledger is not None else []
     if result["status"] != "ok":
         return {"status": result["status"], "reason": result.get("reason")}
-    if args.reuse and (found := kept([own, *in_ledger])) is not None:
+    if (args.reuse or args.resume) and (found := kept([own, *in_ledger])) is not None:
         outcome = found
+    elif args.reuse:
+        return dict(NOT_RUN)
     else:
         start = time.perf_counter()
         try:
@@ -645,23 +698,86 @@ def step_times(rows: list[Row], quick: bool, shapes: dict[int, tuple[int, int | 
                 timings[name, n].append(1000 * (time.perf_counter() - start) / steps)
             except (ValueError, RuntimeError) as error:
                 results[name][n] = {"status": "error", "reason": " ".join(str(error).split())[:300]}
+    from experiments.attention_benchmark import peak_bytes
+
     for (name, n), values in timings.items():
         if values and n not in results[name]:
-            results[name][n] = {"status": "ok", "value": statistics.median(values), "rounds": values}
+            model, optimizer = models[name, n]
+            # the high-water mark of tensor bytes over one step (every allocation and free, as the attention
+            # benchmark measures it): activations, gradients and the optimiser's update
+            peak = peak_bytes(lambda fn, x, m=model, o=optimizer: step(m, o, *x), None, inputs[n], torch.device("cpu"))
+            results[name][n] = {"status": "ok", "value": statistics.median(values), "rounds": values,
+                                "peak_mib": peak / 2**20}  # fmt: skip
     return {"batch": batch, "steps": steps, "rounds": rounds, "threads": torch.get_num_threads(),
             "lengths": list(shapes), "rows": results}  # fmt: skip
 
 
+def int_keys(speed: dict) -> dict:
+    """A speed record read back from JSON: its lengths as ints again."""
+    rows = {name: {int(n): result for n, result in by_n.items()} for name, by_n in speed.get("rows", {}).items()}
+    return {**speed, "lengths": [int(n) for n in speed.get("lengths", [])], "rows": rows}
+
+
+def ledger_record(args: argparse.Namespace, name: str, measure, merge) -> dict | None:
+    """A record of the ledger's own (speed.json, prior.json): with --reuse read as it is (None when absent); else
+    measured now (`measure()`), merged into what the ledger holds (`merge(old, new)`) and written back."""
+    path = args.ledger / name if args.ledger is not None else None
+    old = json.loads(path.read_text()) if path is not None and path.is_file() else None
+    if args.reuse:
+        return old
+    new = measure()
+    merged = merge(old, new) if old else new
+    if path is not None:
+        record(merged, [path])
+    return merged
+
+
+def speed_of(args: argparse.Namespace, rows: list[Row]) -> dict:
+    """Training time per step and peak memory of `rows` (step_times), kept in the ledger's speed.json with the
+    date and machine of each measurement; --reuse reads it."""
+    stamp = {"date": datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": args.machine_name}
+
+    def measure() -> dict:
+        speed = step_times(rows, args.quick)
+        for by_n in speed["rows"].values():
+            for result in by_n.values():
+                result.update(stamp)
+        return speed
+
+    def merge(old: dict, new: dict) -> dict:
+        old = int_keys(old)
+        return {**new, "lengths": sorted({*old["lengths"], *new["lengths"]}), "rows": {**old["rows"], **new["rows"]}}
+
+    found = ledger_record(args, "speed.json", measure, merge)
+    empty = {"batch": 0, "steps": 0, "rounds": 0, "threads": 0, "lengths": [], "rows": {}}
+    speed = int_keys(found) if found else empty
+    return {**speed, "rows": {row.name: speed["rows"][row.name] for row in rows if row.name in speed["rows"]}}
+
+
+def prior_of(args: argparse.Namespace, columns: list[Task]) -> dict:
+    """priors() of the columns, kept in the ledger's prior.json; --reuse reads it."""
+    folder = args.runs_dir / ("quick" if args.quick else "full") / "prior"
+    found = ledger_record(args, "prior.json", lambda: priors(columns, folder), lambda old, new: {**old, **new})
+    return {task.key: found[task.key] for task in columns if task.prior and task.key in (found or {})}
+
+
 # -- the study ------------------------------------------------------------------------------------------------
 def summarise(results: list[dict]) -> dict:
-    """Median (and range) of a cell's seeds, or the reason it has no number."""
+    """Median and 95% bootstrap interval of a cell's seeds (study_stats.Cell), the seeds it needs (study_stats:
+    5 for a job under 2 minutes, else 3, whatever --seeds ran), or the reason it has no number."""
     values = [r["value"] for r in results if r["status"] == "ok" and r.get("value") is not None]
     walls = [r["wall_s"] for r in results if r.get("wall_s") is not None]
     reasons = sorted({r["reason"] for r in results if r["status"] != "ok" and r.get("reason")})
+    wall = statistics.median(walls) if walls else None
+    cell = Cell.of(values) if values else None
     return {
-        "median": statistics.median(values) if values else None,
+        "median": cell.median if cell else None,
+        "low": cell.low if cell else None,
+        "high": cell.high if cell else None,
         "values": values,
-        "wall_s": statistics.median(walls) if walls else None,
+        "required": seeds_required(wall),
+        "wall_s": wall,
+        "cpu_s": sum(r["wall_s"] for r in results if r.get("wall_s") is not None and not r.get("trained_as")),
         "reason": reasons[0] if reasons else None,
     }
 
@@ -674,24 +790,33 @@ def run_study(args: argparse.Namespace, rows: list[Row], columns: list[Task]) ->
     for task in columns:
         for row in rows:
             results = []
-            for seed in range(args.seeds):
+            seed, required = 0, 1
+            while seed < required:
                 job = Job(task, row, seed, job_folder(runs_dir, task, row, seed))
                 if row.attention.get("rope_scaling") in PLAIN_WITHIN_BLOCK:
                     plain = plain_row(rows)
                     result = run_as(job, Job(task, plain, seed, job_folder(runs_dir, task, plain, seed)), args, done)
                 else:
-                    result = done[job.folder] = run_job(job, args.reuse, args.ledger, args.machine_name)
+                    result = done[job.folder] = run_job(job, args.reuse or args.resume, args.ledger,
+                                                         args.machine_name, run=not args.reuse)  # fmt: skip
+                if result["status"] == "not run" and results:
+                    break  # --reuse: the seeds recorded so far
                 results.append(result)
                 if task.key == "gpt_char":
                     cells[row.name].setdefault(EXTRAPOLATION, {"runs": []})["runs"].append(
                         longer_block(job, result, args)
                     )
-                if result["status"] != "ok" or (result.get("wall_s") or 0) >= LONG_RUN_S:
-                    break  # one seed of a long job (or of one that cannot run)
+                if result["status"] != "ok":
+                    break  # a job that cannot run (or has not run) gets no second seed
+                # the first seed's time decides how many the cell needs (a cap: --seeds)
+                required = args.seeds or seeds_required(results[0].get("wall_s"))
+                seed += 1
             cells[row.name][task.key] = {"runs": results}
     for row_cells in cells.values():
         for cell in row_cells.values():
             cell.update(summarise(cell["runs"]))
+        if EXTRAPOLATION in row_cells:  # an evaluation of the GPT's weights: the seeds the GPT cell needs
+            row_cells[EXTRAPOLATION]["required"] = row_cells["gpt_char"]["required"]
     return cells
 
 
@@ -709,14 +834,21 @@ class Footnotes:
         return "\n".join(f"[{i}] {note}" for i, note in enumerate(self.notes, 1))
 
 
-def cell_text(cell: dict | None, digits: int, notes: Footnotes) -> str:
-    if not cell:
+def cell_text(cell: dict | None, digits: int, notes: Footnotes, mark: str = "") -> str:
+    """median [95% interval] n=<seeds>/<seeds needed>, then the verdict's mark: **bold** for a clear winner,
+    "≈ best" for the best and the rows tied with it where there is none."""
+    if not cell or (cell["median"] is None and cell.get("reason") == NOT_RUN["reason"]):
         return "not run"
     if cell["median"] is None:
         return notes.mark(cell["reason"] or "no value")
-    values = cell["values"]
-    spread = f" ({fmt(min(values), digits)}-{fmt(max(values), digits)})" if len(values) > 1 else ""
-    return fmt(cell["median"], digits) + spread
+    shown = fmt(cell["median"], digits)
+    if cell.get("low") is not None:
+        shown += f" [{fmt(cell['low'], digits)}, {fmt(cell['high'], digits)}]"
+    if cell.get("required"):
+        shown += f" n={len(cell['values'])}/{cell['required']}"
+    if mark == "winner":
+        return f"**{shown}** winner"
+    return f"{shown} ≈ best" if mark in ("best", "≈ best") else shown
 
 
 def lra_anchor(row: str) -> str:
@@ -736,6 +868,29 @@ def columns_of(columns: list[Task]) -> list[tuple[str, str, int, bool]]:
     return out
 
 
+def column_cells(cells: dict, key: str) -> dict[str, Cell]:
+    """The rows with a number in column `key`, as study_stats.Cell (median, interval, seeds)."""
+    return {name: Cell(row[key]["median"], row[key].get("low"), row[key].get("high"), len(row[key]["values"]))
+            for name, row in cells.items() if row.get(key, {}).get("median") is not None}  # fmt: skip
+
+
+def marks(cells: dict, quality: list[tuple[str, str, int, bool]], prior: dict) -> dict[str, dict[str, str]]:
+    """column key -> row -> the verdict's mark (study_stats.verdict); none in a column whose best row is not above
+    the class prior (nothing learned: no row is best there)."""
+    out = {}
+    for key, _, digits, higher in quality:
+        column = column_cells(cells, key)
+        share = prior.get(key, {})
+        top = max((cell.median for cell in column.values()), default=None)
+        at_prior = (
+            share.get("status") == "ok"
+            and top is not None
+            and (float(fmt(top, digits)) <= float(fmt(share["value"], digits)))
+        )
+        out[key] = {} if at_prior else verdict(column, higher)["marks"]
+    return out
+
+
 def best(scored: list[tuple[float, str]], higher: bool, digits: int) -> tuple[str, str]:
     """(the rows with the best value as shown, that value): rows that tie at the shown precision all win."""
     value = (max if higher else min)(v for v, _ in scored)
@@ -746,26 +901,38 @@ def best(scored: list[tuple[float, str]], higher: bool, digits: int) -> tuple[st
 def winners(
     cells: dict, quality: list[tuple[str, str, int, bool]], speed: dict, prior: dict | None = None
 ) -> list[str]:
-    """The best rows of each column; where none beats the class prior's share (prior: most_common_share by task),
-    the column has no winner: every row with a number answers the most common class."""
+    """Each column's verdict (study_stats.verdict): its winner, or "no clear winner" and the rows tied with the best;
+    where none beats the class prior's share (prior: most_common_share by task), no row at all: every row with a
+    number answers the most common class."""
     lines = []
     for key, header, digits, higher in quality:
-        scored = [(r[key]["median"], name) for name, r in cells.items() if r.get(key, {}).get("median") is not None]
-        if scored:
-            names, value = best(scored, higher, digits)
-            share = (prior or {}).get(key, {})
-            if share.get("status") == "ok" and float(value) <= float(fmt(share["value"], digits)):
-                lines.append(
-                    f"- {header}: **no row** above the most common class's share ({fmt(share['value'], digits)}"
-                    f", class {share['class']}): none of the {len(scored)} row(s) with a number scored above it"
-                )
-                continue
-            lines.append(f"- {header}: **{names}** ({value}; {len(scored)} rows with a number)")
+        column = column_cells(cells, key)
+        if not column:
+            continue
+        result = verdict(column, higher)
+        top = column[result["best"]]
+        share = (prior or {}).get(key, {})
+        if share.get("status") == "ok" and float(fmt(top.median, digits)) <= float(fmt(share["value"], digits)):
+            lines.append(
+                f"- {header}: **no row** above the most common class's share ({fmt(share['value'], digits)}"
+                f", class {share['class']}): none of the {len(column)} row(s) with a number scored above it"
+            )
+            continue
+        interval = f" [{fmt(top.low, digits)}, {fmt(top.high, digits)}]" if top.low is not None else ""
+        shown = f"{fmt(top.median, digits)}{interval}, {top.n} seed(s)"
+        if result["winner"]:
+            lines.append(f"- {header}: **{result['winner']}** ({shown}; its interval excludes the median of every "
+                         f"other of the {len(column)} rows with a number)")  # fmt: skip
+            continue
+        tied = [name for name, mark in result["marks"].items() if mark == "≈ best" and name != result["best"]]
+        reason = "too few seeds for an interval" if top.low is None or top.n < 3 else "rows inside its interval"
+        lines.append(f"- {header}: no clear winner (best median {result['best']}: {shown}; {reason}); tied with it: "
+                     f"{', '.join(tied) or 'none'} ({len(column)} rows with a number)")  # fmt: skip
     for n in speed["lengths"]:
         scored = [(r[n]["value"], name) for name, r in speed["rows"].items() if r.get(n, {}).get("status") == "ok"]
         if scored:
             names, value = best(scored, False, 0)
-            lines.append(f"- training step at n={n}: **{names}** ({value} ms)")
+            lines.append(f"- training step at n={n}: **{names}** ({value} ms; one timing, no interval)")
     return lines
 
 
@@ -794,6 +961,10 @@ def plot(cells: dict, quality: list[tuple[str, str, int, bool]], path: Path, pri
         at = fmt(share["value"], digits) if share.get("status") == "ok" else None
         for wall, value, name in points:
             on_prior = at is not None and fmt(value, digits) == at
+            cell = cells[name][key]
+            if cell.get("low") is not None:  # the 95% interval over seeds
+                ax.errorbar(wall, value, yerr=[[value - cell["low"]], [cell["high"] - value]], fmt="none",
+                            ecolor="tab:grey" if on_prior else "tab:blue", elinewidth=0.8, capsize=2)  # fmt: skip
             ax.scatter(wall, value, color="tab:grey" if on_prior else "tab:blue")
             if not on_prior:
                 ax.annotate(name, (wall, value), fontsize=7, xytext=(3, 3), textcoords="offset points")
@@ -813,7 +984,7 @@ def plot(cells: dict, quality: list[tuple[str, str, int, bool]], path: Path, pri
         ax.tick_params(labelsize=7)
         if not points:
             ax.text(0.5, 0.5, "no numbers", ha="center", va="center", transform=ax.transAxes)
-    fig.suptitle("quality vs time per attention setting (median over seeds)", fontsize=10)
+    fig.suptitle("quality vs time per attention setting (median over seeds, bars: 95% bootstrap interval)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -849,18 +1020,30 @@ def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min, prio
     prior = prior or {}
     quality = columns_of(columns)
     notes = Footnotes()
-    header = ["attention", *(title for _, title, _, _ in quality), *(f"ms/step n={n}" for n in speed["lengths"]),
-              "LRA (Tay et al. 2021) Image / ListOps %"]  # fmt: skip
+    header = [
+        "attention",
+        *(title for _, title, _, _ in quality),
+        *(f"ms/step (peak MiB) n={n}" for n in speed["lengths"]),
+        "LRA (Tay et al. 2021) Image / ListOps %",
+    ]
+    verdicts = marks(cells, quality, prior)
     body = []
     for row in rows:
-        line = [row.name, *(cell_text(cells[row.name].get(key), digits, notes) for key, _, digits, _ in quality)]
+        line = [row.name, *(cell_text(cells[row.name].get(key), digits, notes, verdicts[key].get(row.name, ""))
+                            for key, _, digits, _ in quality)]  # fmt: skip
         for n in speed["lengths"]:
             result = speed["rows"].get(row.name, {}).get(n)
             if result is None:
                 line.append("not run")
+            elif result["status"] == "ok":
+                memory = f" ({result['peak_mib']:.0f})" if result.get("peak_mib") is not None else " (not measured)"
+                line.append(f"{result['value']:.0f}{memory}")
             else:
-                line.append(f"{result['value']:.0f}" if result["status"] == "ok" else notes.mark(result["reason"]))
+                line.append(notes.mark(result["reason"]))
         body.append([*line, lra_anchor(row.name)])
+    short = sum(1 for row in rows for key, *_ in quality if (cell := cells[row.name].get(key)) and cell["values"]
+                and len(cell["values"]) < cell.get("required", 1))  # fmt: skip
+    cpu_hours = sum(cell.get("cpu_s") or 0 for row in cells.values() for cell in row.values()) / 3600
     walls = [[row.name, *(fmt(cells[row.name].get(key, {}).get("wall_s"), 0) for key, _, _, _ in quality
                           if key != EXTRAPOLATION)] for row in rows]  # fmt: skip
     lra = [
@@ -885,20 +1068,35 @@ def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min, prio
     selection = "".join(
         f" --{name} {' '.join(getattr(args, name))}" for name in ("rows", "tasks") if getattr(args, name)
     )
+    selection = "".join(f" --{flag}" for flag in ("reuse", "resume") if getattr(args, flag)) + selection
     parts = [
         "# The variant study",
         f"Written by `python experiments/variant_study.py{' --quick' if args.quick else ''}{selection}` ({mode}) in "
-        f"{wall_min:.1f} min. Every number below is measured by that command; none is typed in. {provenance(cells)} "
-        f"Cells are the median over seeds (range in brackets; a job shorter than {LONG_RUN_S / 60:.0f} minutes runs "
-        f"{args.seeds} seed(s)); a cell without a number names the one-line error the job got (footnotes).",
+        f"{wall_min:.1f} min. Every number below is measured by that command or an earlier one (its record); none "
+        f"is typed in. {provenance(cells)} Compute: the jobs on this page took {cpu_hours:.1f} hours of wall time "
+        f"on {info.get('cores', '2')} cores (at most {int(info.get('cores', 2)) * cpu_hours:.1f} CPU hours), the step "
+        "timings and the class priors not counted.",
+        "How to read a cell: the median over seeds, its 95% interval in brackets (a percentile bootstrap of the "
+        "median over the seeds, 2000 resamples; with 3-5 seeds it is close to their range: it is what they can "
+        "say), then n=<seeds run>/<seeds needed> (5 for a job under 2 minutes, else 3; `--seeds` caps it"
+        + (f"; this run: {args.seeds}" if args.seeds else "")
+        + f"). {short} cell(s) have fewer seeds than needed: read them as provisional. Seed n is the same for every "
+        "row (data order and initial weights, where the shapes allow). A column names a winner (**bold**) only "
+        "when its interval excludes every other row's median; otherwise the best median and the rows whose "
+        "intervals overlap it are marked ≈ best (and with fewer than 3 seeds the best has no interval: every row "
+        'is ≈ best). A cell without a number names the one-line error the job got (footnotes); "not run" has no '
+        "record yet.",
         table(["machine", ""], [[k, v] for k, v in info.items()]),
         "## Quality and speed per attention setting\n\n"
         + table(header, body)
         + ("\n\n" + notes.markdown() if notes.notes else ""),
         "Training time per step: the long-range classifier (2 layers, width 64, 4 heads), forward + backward + "
         f"AdamW, batch {speed['batch']}, {speed['threads']} threads, median of {speed['rounds']} interleaved "
-        f"round(s) of {speed['steps']} steps; n=784 as the pixel task, n=2000 as ListOps (padding after a random "
-        "length of 500-2000 tokens)."
+        f"round(s) of {speed['steps']} steps; n=784 as the pixel task, n=2000 as LRA's ListOps, n=256 as the "
+        "learning ListOps column (padding after a "
+        "random length of n/4 to n tokens). Peak memory: the high-water mark of tensor bytes over one such step "
+        '(torch.profiler, as experiments/attention_benchmark.py measures it; "not measured": a record from '
+        "before it was)."
         if speed["lengths"]
         else "Training time per step: not measured in this run (--tasks without speed).",
         *at_4x,
@@ -929,11 +1127,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="scaled-down runs: minutes a row on 2 CPU cores (--rows picks a few)"
     )
-    parser.add_argument("--reuse", action="store_true", help="keep the jobs that have a study_result.json")
+    parser.add_argument("--reuse", action="store_true",
+                        help="write the page from the records (job folders, ledger) only: run nothing")  # fmt: skip
+    parser.add_argument("--resume", action="store_true", help="keep the jobs that have a record, run the rest")
     parser.add_argument("--rows", nargs="+", help="only these rows (default: every row found)")
     parser.add_argument("--tasks", nargs="+", help="only these columns: vit_digits gpt_char translation_numbers "
-                        "clip_digits lra_pixel lra_listops speed")  # fmt: skip
-    parser.add_argument("--seeds", type=int, default=None, help="most seeds per cell (default: full 3, quick 1)")
+                        "clip_digits lra_pixel lra_listops listops mqar_w64 mqar_w128 speed")  # fmt: skip
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="most seeds per cell (default: 5 for a job under 2 min, else 3; quick 1)")  # fmt: skip
     parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data",
                         help="folder holding tinyshakespeare/input.txt")  # fmt: skip
     parser.add_argument("--fashion-mnist", type=Path, default=Path("/usr/share/datasets/fashion-mnist"))
@@ -943,7 +1144,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"finished jobs, read by --reuse (default <out>/{LEDGER}; none: off)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     args = parser.parse_args(argv)
-    args.seeds = args.seeds or (1 if args.quick else 3)
+    args.seeds = args.seeds or (1 if args.quick else None)  # None: study_stats.seeds_required
     args.out = args.out or ROOT / "experiments" / "results" / ("quick" if args.quick else "")
     args.ledger = None if str(args.ledger) == "none" else (args.ledger or args.out / LEDGER)
     args.machine_name = ""  # filled in by main
@@ -962,6 +1163,8 @@ def main(argv: list[str] | None = None) -> Path:
     info = {**machine(), "torch threads": str(torch.get_num_threads())}
     args.machine_name = info["CPU"]
     rows, left_out = discover_rows()
+    if args.quick and not args.rows:
+        args.rows = list(QUICK_ROWS)  # a check that every column runs, in minutes: two rows (--rows picks others)
     if args.rows:
         unknown = sorted(set(args.rows) - {row.name for row in rows})
         if unknown:
@@ -979,8 +1182,8 @@ def main(argv: list[str] | None = None) -> Path:
         print(line, flush=True)
     cells = run_study(args, rows, columns)
     empty = {"batch": 0, "steps": 0, "rounds": 0, "threads": 0, "lengths": [], "rows": {}}
-    speed = step_times(rows, args.quick) if not args.tasks or "speed" in args.tasks else empty
-    prior = priors(columns, args.runs_dir / ("quick" if args.quick else "full") / "prior")
+    speed = speed_of(args, rows) if not args.tasks or "speed" in args.tasks else empty
+    prior = prior_of(args, columns)
     wall_min = (time.perf_counter() - started) / 60
     args.out.mkdir(parents=True, exist_ok=True)
     plot(cells, columns_of(columns), args.out / "variant_study.png", prior)

@@ -164,7 +164,7 @@ def test_a_job_stopped_by_a_signal_stops_the_study(status: int, tmp_path: Path, 
         raise SystemExit(status)
 
     monkeypatch.setattr(variant_study.runpy, "run_path", stopped)
-    with pytest.raises(SystemExit, match=r"the study was stopped .*--reuse continues it"):
+    with pytest.raises(SystemExit, match=r"the study was stopped .*--resume continues it"):
         variant_study.run_in_process(["model=vit"], tmp_path / "job.log")
     monkeypatch.setattr(variant_study.runpy, "run_path", lambda path, run_name: None)
     assert variant_study.run_in_process(["model=vit"], tmp_path / "job.log") == 0
@@ -205,6 +205,7 @@ def test_step_times_measure_every_row_at_every_length() -> None:
     speed = variant_study.step_times(rows, quick=True, shapes={32: (256, None), 48: (16, 0)})
     assert speed["lengths"] == [32, 48]
     assert all(speed["rows"][row.name][n]["status"] == "ok" for row in rows for n in (32, 48)), speed
+    assert all(speed["rows"][row.name][n]["peak_mib"] > 0 for row in rows for n in (32, 48))  # one step's tensors
     assert torch.get_num_threads() == speed["threads"]
 
 
@@ -212,8 +213,10 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
     args = quick_args(tmp_path)
     rows = [variant_study.Row(name, (), {"variant": name}, "test") for name in ("full", "local", "compressed")]
     columns = [task for task in variant_study.tasks(args) if task.key in ("vit_digits", "gpt_char")]
-    ok = lambda values, wall: {"median": sorted(values)[len(values) // 2], "values": values, "wall_s": wall,  # noqa: E731
-                               "reason": None}  # fmt: skip
+
+    def ok(values: list[float], wall: float | None) -> dict:
+        return variant_study.summarise([{"status": "ok", "value": v, "wall_s": wall} for v in values])
+
     reason = "causal attention is not supported by variant 'compressed'; valid choices: ['full', 'local']"
     cells = {
         "full": {"vit_digits": ok([0.95, 0.97, 0.96], 60), "gpt_char": ok([1.9], 120),
@@ -226,23 +229,33 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
     speed = {"batch": 4, "steps": 2, "rounds": 1, "threads": 2, "lengths": [784, 2000],
              "rows": {"full": timed(120.0, 900.0), "local": timed(80.0, 300.0)}}  # fmt: skip
     text = variant_study.markdown(args, {"CPU": "test"}, rows, [], columns, cells, speed, 1.5)
-    assert "| full | 0.960 (0.950-0.970) | 1.9000 | [1] | 120 | 900 | Transformer: 42.44 / 36.37 |" in text
-    assert "| compressed | 0.900 | [2] | not run | not run | not run | Linformer: 38.56 / 35.70 |" in text
+    # median [95% interval] n=<seeds>/<needed>; one seed of the ViT's 5 beats full's median: no winner, all tied
+    assert ("| full | 0.960 [0.950, 0.970] n=3/5 ≈ best | 1.9000 n=1/3 ≈ best | [1] | 120 (not measured) | "
+            "900 (not measured) | Transformer: 42.44 / 36.37 |") in text  # fmt: skip
+    assert "| compressed | 0.900 n=1/5 ≈ best | [2] | not run | not run | not run | Linformer: 38.56 / 35.70 |" in text
     assert f"[2] {reason}" in text and "[1] wpe.weight is (64, 128)" in text
-    assert (
-        "- ViT digits (test acc): **local** (0.980" in text and "- training step at n=2000: **local** (300 ms)" in text
-    )
-    assert "- GPT tiny-shakespeare char (val loss): **full** (1.9000; 2 rows" in text  # lower is better
+    assert "- ViT digits (test acc): no clear winner (best median local: 0.980, 1 seed(s); too few seeds" in text
+    assert "tied with it: full, compressed (3 rows with a number)" in text
+    assert "- training step at n=2000: **local** (300 ms; one timing, no interval)" in text
+    assert "- GPT tiny-shakespeare char (val loss): no clear winner (best median full: 1.9000" in text
+    assert "Compute: the jobs on this page took 0.1 hours of wall time on 2 cores (at most 0.3 CPU hours)" in text
+    assert "6 cell(s) have fewer seeds than needed" in text
     assert "| Performer | 42.77 | 18.01 | favor, linear+favor |" in text and "smaller" in text
     assert f"Local attention's window: {variant_study.SHORT_WINDOW} on vit_digits, conf/attention/local" in text
     assert "stretches the rope row's weights of the same seed by 4 at inference" in text  # how the 4x column is read
     assert "dynamic is plain RoPE within the trained block: its rows' training cells are the rope row's jobs" in text
     assert variant_study.best([(0.1, "a"), (0.1004, "b"), (0.09, "c")], True, 3) == ("a, b", "0.100")  # a tie
+    # five seeds each, far apart: a clear winner, in bold, and the page's list names it
+    cells["full"]["vit_digits"] = ok([0.95, 0.97, 0.96, 0.96, 0.955], 60)
+    cells["local"]["vit_digits"] = ok([0.90, 0.91, 0.92, 0.905, 0.91], 60)
+    text = variant_study.markdown(args, {"CPU": "test"}, rows, [], columns, cells, speed, 1.5)
+    assert "| full | **0.960 [0.950, 0.970] n=5/5** winner |" in text
+    assert "- ViT digits (test acc): **full** (0.960 [0.950, 0.970], 5 seed(s); its interval excludes" in text
     variant_study.plot(cells, variant_study.columns_of(columns), tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
     (tmp_path / "variant_study.md").write_text(text)
     section = reproduce.variant_study_markdown(tmp_path)  # what RESULTS.md shows of it
-    assert "[variant_study.md](variant_study.md)" in section and "**local** (0.980" in section
+    assert "[variant_study.md](variant_study.md)" in section and "**full** (0.960" in section
 
 
 def test_every_job_of_every_row_is_a_command_line_hydra_parses(tmp_path: Path) -> None:
@@ -281,7 +294,7 @@ def test_the_4x_evaluation_keeps_its_number_and_its_error_in_the_ledger(tmp_path
     outcomes = iter([{"status": "error", "reason": "wpe.weight is (64, 128) for block 64"},
                      {"status": "failed", "reason": "FileNotFoundError: last.ckpt"}])  # fmt: skip
     monkeypatch.setattr(variant_study, "extrapolation", lambda job, quick: next(outcomes))
-    args = quick_args(tmp_path, "--reuse")
+    args = quick_args(tmp_path, "--resume")
     task = variant_study.Task("gpt_char", "GPT", "val/loss", False, ())
     row = variant_study.Row("full", (), {}, "test")
     job = variant_study.Job(task, row, 0, tmp_path / "runs" / "full-seed0")
@@ -308,7 +321,8 @@ def test_local_attention_gets_a_window_shorter_than_each_short_task(tmp_path: Pa
             )
             assert not [a for a in full.arguments if "attention.window" in a]
     short = [task for task in variant_study.tasks(full_mode) if task.window]
-    assert {task.key for task in short} == {"vit_digits", "translation_numbers", "clip_digits"}
+    assert {task.key for task in short} == {"vit_digits", "translation_numbers", "clip_digits", "listops", "mqar_w64",
+                                            "mqar_w128"}  # fmt: skip
     vit = variant_study.Job(short[0], rows["local"], 0, tmp_path / "vit")
     window = [argument for argument in vit.arguments if "attention.window" in argument]
     config = variant_study.compose([*vit.task.overrides, *vit.row.overrides, *window], tmp_path / "vit")
@@ -367,7 +381,7 @@ def test_dynamic_rope_scaling_takes_the_rope_rows_jobs_after_a_one_batch_run_of_
     kept_file = args.ledger / "seq" / "rope+dynamic-seed1.json"
     assert json.loads(kept_file.read_text())["trained_as"] == "rope-seed1"
     calls.clear()
-    again = variant_study.run_study(quick_args(tmp_path, "--seeds", "2", "--reuse"), [rows["rope+dynamic"]], [seq])
+    again = variant_study.run_study(quick_args(tmp_path, "--seeds", "2", "--resume"), [rows["rope+dynamic"]], [seq])
     assert again["rope+dynamic"]["seq"]["values"] == dynamic["values"] and not calls  # from the records
     alone = variant_study.run_study(quick_args(tmp_path, "--seeds", "1"), [rows["rope+dynamic"]], [seq])
     assert alone["rope+dynamic"]["seq"]["runs"][0]["trained_as"] == "rope-seed0"  # the rope row's job, run now
@@ -383,8 +397,8 @@ def test_the_long_range_columns_show_the_class_prior_and_a_column_at_it_has_no_w
 
     args = quick_args(tmp_path)
     columns = {task.key: task for task in variant_study.tasks(args)}
-    assert [key for key, task in columns.items() if task.prior] == ["lra_pixel", "lra_listops"]
-    prior = variant_study.priors(list(columns.values()), tmp_path / "prior")
+    assert [key for key, task in columns.items() if task.prior] == ["lra_pixel", "lra_listops", "listops"]
+    prior = variant_study.priors([columns["lra_pixel"], columns["lra_listops"]], tmp_path / "prior")
     assert set(prior) == {"lra_pixel", "lra_listops"}
     # quick ListOps: 480 | 64 | 64 expressions of 64-256 tokens, split in drawing order
     answers = Counter(answer for _, answer in generate_listops(608, 64, 256, seed=0)[544:])
@@ -397,13 +411,13 @@ def test_the_long_range_columns_show_the_class_prior_and_a_column_at_it_has_no_w
 
     quality = [("lra_listops", "ListOps (test acc)", 3, True)]
     share = {"lra_listops": {"status": "ok", "value": 0.19, "class": "0", "test_size": 1000}}
-    at_prior = {name: {"lra_listops": {"median": 0.19}} for name in ("full", "linear")}
+    at_prior = {name: {"lra_listops": {"median": 0.19, "values": [0.19]}} for name in ("full", "linear")}
     speed = {"lengths": [], "rows": {}}
     (line,) = variant_study.winners(at_prior, quality, speed, share)
     assert "**no row** above the most common class's share (0.190, class 0)" in line and "none of the 2 row(s)" in line
-    above = {**at_prior, "full": {"lra_listops": {"median": 0.25}}}
-    assert variant_study.winners(above, quality, speed, share) == ["- ListOps (test acc): **full** (0.250; 2 rows "
-                                                                    "with a number)"]  # fmt: skip
+    above = {**at_prior, "full": {"lra_listops": {"median": 0.25, "values": [0.25]}}}
+    (line,) = variant_study.winners(above, quality, speed, share)
+    assert line.startswith("- ListOps (test acc): no clear winner (best median full: 0.250, 1 seed(s)")
     # The plot draws the prior and greys the rows on it (drawn without the prior, the picture differs).
     timed = {name: {"lra_listops": {**cell["lra_listops"], "wall_s": 60.0 + i}} for i, (name, cell) in
              enumerate(at_prior.items())}  # fmt: skip
@@ -412,3 +426,54 @@ def test_the_long_range_columns_show_the_class_prior_and_a_column_at_it_has_no_w
     assert (tmp_path / "with.png").read_bytes() != (tmp_path / "without.png").read_bytes()
     text = variant_study.prior_text(share, [columns["lra_listops"]])
     assert f"{columns['lra_listops'].title}: 0.190 (class 0, of 1000)" in text
+
+
+def test_reuse_writes_the_page_from_the_ledger_alone_and_runs_nothing(tmp_path: Path, monkeypatch) -> None:
+    """`python experiments/variant_study.py --reuse` reassembles the page from the ledger (jobs, speed, priors):
+    no job, no timing, no data; a job without a record is "not run", and a cell short of seeds says so."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("--reuse ran something")
+
+    for name in ("run_in_process", "step_times", "priors", "extrapolation"):
+        monkeypatch.setattr(variant_study, name, forbidden)
+    out = tmp_path / "results"
+    ledger = out / variant_study.LEDGER
+    for seed, value in enumerate([0.95, 0.97, 0.96]):
+        record = {"status": "ok", "value": value, "wall_s": 200.0, "seed": seed, "date": "2026-12-01 10:00",
+                  "machine": "CPU X", "command": "python run.py model=vit"}  # fmt: skip
+        variant_study.record(record, [ledger / "vit_digits" / f"full-seed{seed}.json"])
+    speed = {"batch": 32, "steps": 3, "rounds": 3, "threads": 2, "lengths": [784],
+             "rows": {"full": {"784": {"status": "ok", "value": 900.0, "peak_mib": 120.0}}}}  # fmt: skip
+    variant_study.record(speed, [ledger / "speed.json"])
+    variant_study.record({"lra_pixel": {"status": "ok", "value": 0.1, "class": "3", "test_size": 10}},
+                         [ledger / "prior.json"])  # fmt: skip
+    argv = ["--reuse", "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "--rows", "full", "linear",
+            "--tasks", "vit_digits", "lra_pixel", "speed", "--shared", str(tmp_path)]  # fmt: skip
+    page = variant_study.main(argv).read_text()
+    assert "| full | 0.960 [0.950, 0.970] n=3/3 ≈ best | not run | 900 (120) |" in page  # 200 s a job: 3 seeds
+    assert "Written by `python experiments/variant_study.py --reuse --rows full linear" in page
+    assert "| linear | not run | not run | not run |" in page
+    assert "3 were measured earlier (2026-12-01 10:00 to 2026-12-01 10:00, on CPU X)" in page
+    assert "0.2 hours of wall time" in page and "0.100 (class 3, of 10)" in page
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_learning_listops_and_the_mqar_columns_compose_as_their_recipes_say(tmp_path: Path) -> None:
+    """ListOps: experiments/listops_recipe.py's chosen candidate, the same test set as its search; MQAR: Zoology's
+    256 tokens and 16 pairs, a 2-layer GPT at widths 64 and 128, scored on the queries."""
+    from experiments.listops_recipe import CANDIDATES
+
+    columns = {task.key: task for task in variant_study.tasks(variant_study.parse_args(["--shared", str(tmp_path)]))}
+    listops = variant_study.compose(list(columns["listops"].overrides), tmp_path / "listops")
+    chosen = dict(o.lstrip("+").split("=", 1) for o in CANDIDATES[variant_study.LISTOPS_CHOICE])
+    assert listops.data.max_length == int(chosen["data.max_length"]) == variant_study.LISTOPS_LENGTH
+    assert listops.model.optimizer.lr == float(chosen["model.optimizer.lr"])
+    assert listops.trainer.max_steps == int(chosen["trainer.max_steps"]) and listops.data.num_test == 1000
+    for width in (64, 128):
+        mqar = variant_study.compose(list(columns[f"mqar_w{width}"].overrides), tmp_path / f"mqar{width}")
+        assert mqar.model.net.n_embd == width and mqar.model.net.n_layer == 2 and mqar.data.vocab_size == 8192
+        assert (mqar.data.seq_len, mqar.data.num_kv_pairs) == (256, 16) and mqar.model.net.block_size == 256
+        assert mqar.model._target_.endswith("AssociativeRecallTask") and columns[f"mqar_w{width}"].metric == "test/acc"
+    quick = {task.key for task in variant_study.tasks(variant_study.parse_args(["--quick"]))}
+    assert {"listops", "mqar_w64"} <= quick and "mqar_w128" not in quick
