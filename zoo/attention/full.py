@@ -6,6 +6,8 @@ import torch
 
 from zoo.attention.cache import KVCache, new_tokens_padding
 from zoo.attention.contract import Kernel, ScoreBias
+from zoo.attention.fast import bias as fast_bias
+from zoo.attention.fast import use_fast_kernels
 from zoo.attention.functional import dot_product_attention, evaluate_bias
 
 
@@ -33,6 +35,10 @@ class FullAttention(Kernel):
         bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q (B, H, T, D), k/v (B, G, S, D) -> (B, H, T, D) and, if asked, probabilities (B, H, T, S)."""
+        if bias is not None and use_fast_kernels() and fast_bias.applies(q, k, bias, dropout_p, need_weights):
+            # the bias per query block from a table over distances, never (H, n, n) nor per batch element
+            out = fast_bias.relative_bias_attention(q, k, v, bias, causal=causal, key_padding_mask=key_padding_mask)
+            return out, None
         scores_bias = None if bias is None else evaluate_bias(bias, q.shape[2], k.shape[2], q.device)
         return dot_product_attention(
             q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
