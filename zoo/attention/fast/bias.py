@@ -24,6 +24,10 @@ import torch
 from zoo.attention.biases import ALiBi, T5RelativeBias, relative_position_bucket
 
 PADDED = -1e30  # the extra key channel of a padded key: exp underflows to exactly 0 after the softmax's shift
+# fp32 backward: bias entries whose probability is surely below exp(-UNDERFLOW) count as -inf (their share of any
+# sum lies some 15 orders below fp32's resolution); left in, products of such tiny probabilities turn denormal, and
+# denormal arithmetic slows the kernel's backward several times (ALiBi's far keys, any strongly negative bias).
+UNDERFLOW = 50.0
 BLOCK_ELEMENTS = 2**18  # query block size: H * block * n bias entries at most (the slice's memory), at least 16 rows
 
 
@@ -100,6 +104,100 @@ def _block_size(heads: int, length: int) -> int:
     return max(16, min(length, BLOCK_ELEMENTS // max(1, heads * length)))
 
 
+class _RelativeBiasAttention(torch.autograd.Function):
+    """The fused flash kernel with the bias as a strided view of its diagonals (see the module's docstring); the
+    keys go in reversed order, which makes the bias of query i and key slot c a function of i + c (a Hankel
+    matrix), a view with unit strides that the kernel reads as it is (no copy). Backward: the kernel's own in one
+    call, or, for a learned table, block by block with the table's gradient."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, table, padding, causal, reach):
+        batch, heads, length, dim = q.shape
+        scale = dim**-0.5
+        augmented = padding is not None or table.requires_grad
+        k, v = k.flip(2), v.flip(2)
+        if augmented:
+            key_channel = torch.zeros(batch, 1, length, 1, dtype=q.dtype)
+            if padding is not None:
+                key_channel.masked_fill_(padding.flip(1)[:, None, :, None], PADDED)
+            q = torch.cat([q, q.new_ones(batch, heads, length, 1)], dim=-1)
+            k = torch.cat([k, key_channel.expand(batch, heads, length, 1)], dim=-1)
+            v = torch.cat([v, v.new_zeros(batch, heads, length, 1)], dim=-1)
+        anti_diagonals = _anti_diagonals(table, length, reach, causal)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, attn_mask=_hankel(anti_diagonals, 0, length, 0, length), scale=scale
+        )
+        ctx.save_for_backward(q, k, v, table, out, lse)
+        ctx.settings = (causal, reach, scale, dim, augmented)
+        return out[..., :dim] if augmented else out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, table, out, lse = ctx.saved_tensors
+        causal, reach, scale, dim, augmented = ctx.settings
+        batch, heads, length, _ = q.shape
+        if augmented:
+            grad_out = torch.cat([grad_out, grad_out.new_zeros(batch, heads, length, 1)], dim=-1)
+        grad_out = grad_out.contiguous()
+        anti_diagonals = _anti_diagonals(table, length, reach, causal)
+        if q.dtype == torch.float32:
+            anti_diagonals = _without_underflow(anti_diagonals, q[..., :dim], k[..., :dim], lse, scale)
+        if not ctx.needs_input_grad[3]:
+            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad_out, q, k, v, out, lse, 0.0, False, attn_mask=_hankel(anti_diagonals, 0, length, 0, length),
+                scale=scale,
+            )  # fmt: skip
+            dtable = None
+        else:
+            dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+            dtable = table.new_zeros(heads, table.shape[1] + 1)  # + the causal entry
+            block = _block_size(heads, length)
+            for start in range(0, length, block):
+                end = min(start + block, length)
+                q_block, out_block, lse_block, grad_block = (
+                    t[:, :, start:end].contiguous() for t in (q, out, lse, grad_out)
+                )
+                dq_block, dk_part, dv_part = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                    grad_block, q_block, k, v, out_block, lse_block, 0.0, False,
+                    attn_mask=_hankel(anti_diagonals, start, end, 0, length), scale=scale,
+                )  # fmt: skip
+                dq[:, :, start:end] = dq_block
+                dk += dk_part
+                dv += dv_part
+                _table_grad(dtable, q_block, k, v, out_block, lse_block, grad_block, anti_diagonals, dk_part, start,
+                            end, reach, causal, scale, dim)  # fmt: skip
+            dtable = dtable[:, :-1]
+        if augmented:
+            dq, dk, dv = dq[..., :dim], dk[..., :dim], dv[..., :dim]
+        return dq, dk.flip(2), dv.flip(2), dtable, None, None, None
+
+
+def _anti_diagonals(table: torch.Tensor, length: int, reach: int, causal: bool) -> torch.Tensor:
+    """(H, 2 length - 1), entry u the bias of query i and reversed key slot c = length - 1 - j with i + c = u, i.e.
+    at distance j - i = length - 1 - u (causal: -inf after the query)."""
+    extended = torch.cat([table, table.new_full((table.shape[0], 1), float("-inf"))], dim=-1)
+    distance = length - 1 - torch.arange(2 * length - 1)
+    return extended[:, _classes(torch.tensor([0]), distance, reach, causal)[0]].contiguous()
+
+
+def _without_underflow(anti_diagonals, q, k, lse, scale) -> torch.Tensor:
+    """-inf for each head's bias entries b with exp(b + scale q . k - lse) < exp(-UNDERFLOW) for every query and
+    key, by |q . k| <= |q| max |k| (rows of padding only, whose lse is of the order of PADDED, are left out)."""
+    key_norms = k.norm(dim=-1).amax(dim=-1, keepdim=True)  # (B, H, 1)
+    gain = scale * q.norm(dim=-1) * key_norms - lse  # (B, H, n): the most a row's bias can gain
+    gain = gain.masked_fill(lse < PADDED * scale / 2, float("-inf")).amax(dim=(0, 2))  # (H,)
+    return anti_diagonals.masked_fill(anti_diagonals + gain[:, None] < -UNDERFLOW, float("-inf"))
+
+
+def _hankel(anti_diagonals: torch.Tensor, start: int, end: int, first: int, last: int) -> torch.Tensor:
+    """The (1, H, end - start, last - first) bias of queries start ... end - 1 and reversed key slots first ...
+    last - 1: entry (r, c) is anti_diagonals[:, start + r + first + c], a view with unit strides, no copy."""
+    heads, size = anti_diagonals.shape
+    return anti_diagonals.as_strided(
+        (1, heads, end - start, last - first), (0, size, 1, 1), anti_diagonals.storage_offset() + start + first
+    )
+
+
 def _classes(rows: torch.Tensor, cols: torch.Tensor, reach: int, causal: bool) -> torch.Tensor:
     """(rows, cols) table entries of each (query, key) pair; causal future keys take the extra -inf entry."""
     distance = cols[None, :] - rows[:, None]
@@ -107,87 +205,28 @@ def _classes(rows: torch.Tensor, cols: torch.Tensor, reach: int, causal: bool) -
     return classes.masked_fill(distance > 0, 2 * reach + 1) if causal else classes
 
 
-class _RelativeBiasAttention(torch.autograd.Function):
-    """Blocks of queries through the fused flash kernel with their (H, block, n) bias slices (see the module's
-    docstring); backward block by block through the kernel's backward, plus the table's gradient if it takes one."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, table, padding, causal, reach):
-        batch, heads, length, dim = q.shape
-        scale = dim**-0.5
-        extended = torch.cat([table, table.new_full((heads, 1), float("-inf"))], dim=-1)  # + the causal -inf entry
-        augmented = padding is not None or table.requires_grad
-        if augmented:
-            key_channel = torch.zeros(batch, 1, length, 1, dtype=q.dtype)
-            if padding is not None:
-                key_channel.masked_fill_(padding[:, None, :, None], PADDED)
-            q = torch.cat([q, q.new_ones(batch, heads, length, 1)], dim=-1)
-            k = torch.cat([k, key_channel.expand(batch, heads, length, 1)], dim=-1)
-            v = torch.cat([v, v.new_zeros(batch, heads, length, 1)], dim=-1)
-        block = _block_size(heads, length)
-        positions = torch.arange(length)
-        outs, lses = [], []
-        for start in range(0, length, block):
-            rows = positions[start : start + block]
-            mask = extended[:, _classes(rows, positions, reach, causal)][None]  # (1, H, block, n)
-            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q[:, :, rows].contiguous(), k, v, attn_mask=mask, scale=scale
-            )
-            outs.append(out)
-            lses.append(lse)
-        out, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)
-        ctx.save_for_backward(q, k, v, extended, out, lse)
-        ctx.settings = (causal, reach, block, scale, dim, augmented)
-        return out[..., :dim] if augmented else out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, extended, out, lse = ctx.saved_tensors
-        causal, reach, block, scale, dim, augmented = ctx.settings
-        batch, heads, length, _ = q.shape
-        if augmented:
-            grad_out = torch.cat([grad_out, grad_out.new_zeros(batch, heads, length, 1)], dim=-1)
-        grad_out = grad_out.contiguous()
-        learned = ctx.needs_input_grad[3]
-        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        dtable = extended.new_zeros(extended.shape) if learned else None
-        positions = torch.arange(length)
-        for start in range(0, length, block):
-            rows = positions[start : start + block]
-            mask = extended[:, _classes(rows, positions, reach, causal)][None]
-            q_block, out_block, lse_block, grad_block = (
-                t[:, :, rows].contiguous() for t in (q, out, lse, grad_out)
-            )
-            dq_block, dk_part, dv_part = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                grad_block, q_block, k, v, out_block, lse_block, 0.0, False, attn_mask=mask, scale=scale
-            )
-            dq[:, :, rows] = dq_block
-            dk += dk_part
-            dv += dv_part
-            if learned:
-                _table_grad(dtable, q_block, k, v, out_block, lse_block, grad_block, extended, dk_part, rows, reach,
-                            causal, scale, dim)  # fmt: skip
-        if augmented:
-            dq, dk, dv = dq[..., :dim], dk[..., :dim], dv[..., :dim]
-        return dq, dk, dv, (dtable[:, :-1] if learned else None), None, None, None
-
-
-def _table_grad(dtable, q, k, v, out, lse, grad_out, extended, dk_part, rows, reach, causal, scale, dim) -> None:
+def _table_grad(dtable, q, k, v, out, lse, grad_out, anti_diagonals, dk_part, start, end, reach, causal, scale, dim):
     """Add one query block's share of d table: sum over the batch and the block of dS by distance class.
 
-    The band of keys within reach of the block takes dS explicitly (scores and probabilities recomputed from the
-    kept log-sum-exp); keys beyond it are in the end classes for every query of the block, so their share is their
-    column sums of dS, which the extra channel's key gradient holds (dk'[..., dim] = scale * sum_i dS[i, j])."""
+    The band of keys within reach of the block takes dS explicitly (probabilities recomputed from the kept
+    log-sum-exp); keys beyond it are in the end classes for every query of the block, so their share is their
+    column sums of dS, which the extra channel's key gradient holds (dk'[..., dim] = scale * sum_i dS[i, j]).
+    Keys are in reversed order: slot c is key length - 1 - c."""
+    batch, heads, rows, channels = q.shape
     length = k.shape[2]
-    first, last = int(rows[0]), int(rows[-1])
-    lo, hi = max(0, first - reach + 1), min(length, last + reach)  # keys with a near distance to some row
-    cols = torch.arange(lo, hi)
-    scores = torch.matmul(q, k[:, :, lo:hi].transpose(-1, -2)) * scale + extended[:, _classes(rows, cols, reach, causal)]
-    probs = torch.exp(scores - lse[..., None])  # (B, H, block, window)
-    delta = (grad_out * out).sum(-1, keepdim=True)  # softmax's backward: rowsum(dP * P) = rowsum(dO * O)
-    grad_scores = probs * (torch.matmul(grad_out, v[:, :, lo:hi].transpose(-1, -2)) - delta)
-    classes = _classes(rows, cols, reach, causal).flatten()
-    dtable.index_add_(1, classes, grad_scores.sum(0).flatten(1))
-    column_sums = dk_part[..., dim].sum(0) / scale  # (H, n)
-    dtable[:, 0] += column_sums[:, :lo].sum(-1)
-    dtable[:, 2 * reach] += column_sums[:, hi:].sum(-1)
+    lo, hi = max(0, start - reach + 1), min(length, end - 1 + reach)  # keys with a near distance to some row
+    first, last = length - hi, length - lo  # their slots
+    width, flat = hi - lo, batch * heads
+    # P = exp(scale q k^T + bias - lse), dS = P * (dO v^T - rowsum(dO * O)), in 3-d GEMMs with the sums folded in
+    base = (_hankel(anti_diagonals, start, end, first, last) - lse[..., None]).view(flat, rows, width)
+    keys = k[:, :, first:last].reshape(flat, width, channels)
+    probs = torch.baddbmm(base, q.view(flat, rows, channels), keys.mT, alpha=scale).exp_()
+    delta = (grad_out * out).sum(-1, keepdim=True).view(flat, rows, 1)
+    values = v[:, :, first:last].reshape(flat, width, channels)
+    grad_scores = probs.mul_(torch.baddbmm(delta.neg_(), grad_out.view(flat, rows, channels), values.mT))
+    grad_scores = grad_scores.view(batch, heads, rows, width).sum(0)  # (H, rows, width)
+    classes = _classes(torch.arange(start, end), torch.arange(lo, hi).flip(0), reach, causal).flatten()
+    dtable.index_add_(1, classes, grad_scores.flatten(1))
+    column_sums = dk_part[..., dim].sum(0) / scale  # (H, slots)
+    dtable[:, 0] += column_sums[:, last:].sum(-1)  # keys before lo
+    dtable[:, 2 * reach] += column_sums[:, :first].sum(-1)  # keys from hi on
