@@ -28,7 +28,7 @@ PADDED = -1e30  # the extra key channel of a padded key: exp underflows to exact
 # sum lies some 15 orders below fp32's resolution); left in, products of such tiny probabilities turn denormal, and
 # denormal arithmetic slows the kernel's backward several times (ALiBi's far keys, any strongly negative bias).
 UNDERFLOW = 50.0
-BLOCK_ELEMENTS = 2**18  # query block size: H * block * n bias entries at most (the slice's memory), at least 16 rows
+BLOCK_ELEMENTS = 2**18  # learned-table backward: query blocks of H * block * n scores at most, at least 64 rows
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, bias: object, dropout_p: float, need_weights: bool) -> bool:
@@ -101,7 +101,7 @@ def relative_bias_attention(
 
 
 def _block_size(heads: int, length: int) -> int:
-    return max(16, min(length, BLOCK_ELEMENTS // max(1, heads * length)))
+    return max(64, min(length, BLOCK_ELEMENTS // max(1, heads * length)))
 
 
 class _RelativeBiasAttention(torch.autograd.Function):
@@ -141,7 +141,7 @@ class _RelativeBiasAttention(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         anti_diagonals = _anti_diagonals(table, length, reach, causal)
         if q.dtype == torch.float32:
-            anti_diagonals = _without_underflow(anti_diagonals, q[..., :dim], k[..., :dim], lse, scale)
+            anti_diagonals = _without_underflow(anti_diagonals, q[..., :dim], k[..., :dim], lse, grad_out, scale)
         if not ctx.needs_input_grad[3]:
             dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                 grad_out, q, k, v, out, lse, 0.0, False, attn_mask=_hankel(anti_diagonals, 0, length, 0, length),
@@ -180,12 +180,13 @@ def _anti_diagonals(table: torch.Tensor, length: int, reach: int, causal: bool) 
     return extended[:, _classes(torch.tensor([0]), distance, reach, causal)[0]].contiguous()
 
 
-def _without_underflow(anti_diagonals, q, k, lse, scale) -> torch.Tensor:
+def _without_underflow(anti_diagonals, q, k, lse, grad_out, scale) -> torch.Tensor:
     """-inf for each head's bias entries b with exp(b + scale q . k - lse) < exp(-UNDERFLOW) for every query and
-    key, by |q . k| <= |q| max |k| (rows of padding only, whose lse is of the order of PADDED, are left out)."""
+    key, by |q . k| <= |q| max |k|. Rows without gradient are left out: their dS is 0 whatever their probabilities
+    (padded queries, whose nearest kept keys may lie far away, would otherwise set the bound)."""
     key_norms = k.norm(dim=-1).amax(dim=-1, keepdim=True)  # (B, H, 1)
     gain = scale * q.norm(dim=-1) * key_norms - lse  # (B, H, n): the most a row's bias can gain
-    gain = gain.masked_fill(lse < PADDED * scale / 2, float("-inf")).amax(dim=(0, 2))  # (H,)
+    gain = gain.masked_fill(grad_out.abs().amax(dim=-1) == 0, float("-inf")).amax(dim=(0, 2))  # (H,)
     return anti_diagonals.masked_fill(anti_diagonals + gain[:, None] < -UNDERFLOW, float("-inf"))
 
 
