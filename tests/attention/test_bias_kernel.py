@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from zoo.attention import MultiHeadAttention
+from zoo.attention import flex as flex_module
 from zoo.attention.biases import build_position_bias
 from zoo.attention.fast import bias as fast_bias
 
@@ -17,12 +18,12 @@ from .helpers import LargestTensor, random_padding, reference_softmax_attention
 def biased_reference(q, k, v, bias, causal, padding):
     """The textbook formula with the bias as a dense (H, n, n) mask."""
     length = q.shape[2]
-    allowed = torch.ones(length, length, dtype=torch.bool)
+    allowed = torch.ones(length, length, dtype=torch.bool, device=q.device)
     if causal:
         allowed = allowed.tril()
     if padding is not None:
         allowed = allowed & ~padding[:, None, None, :]
-    positions = torch.arange(length)
+    positions = torch.arange(length, device=q.device)
     return reference_softmax_attention(q, k, v, allowed, bias(positions, positions).to(q.dtype))
 
 
@@ -119,3 +120,76 @@ def test_a_bias_costs_no_mask_per_batch_element_nor_per_head_pair_of_positions(m
     band = batch * heads * 64 * (64 + 2 * reach) if name == "t5" else 0
     assert largest[name] <= max(largest[None], band), largest
     assert largest[name] < heads * length * length
+
+
+@pytest.mark.no_fast_path
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_score_mods_add_the_bias_of_each_query_and_key(name, causal) -> None:
+    """FlexAttention's score_mod for a bias (zoo/attention/flex.py), called on a grid of scores and indices as
+    FlexAttention calls it, adds exactly what the bias module gives at those positions."""
+    heads, length = 4, 50
+    bias = (
+        t5_with_order_one_values(heads, causal).float()
+        if name == "t5"
+        else build_position_bias(name, heads, causal=causal)
+    )
+    score_mod = flex_module.position_bias_score_mod(bias, length, torch.device("cpu"))
+    scores = torch.randn(2, heads, length, length, generator=torch.Generator().manual_seed(0))
+    batch, head, q_idx, kv_idx = torch.meshgrid(
+        torch.arange(2), torch.arange(heads), torch.arange(length), torch.arange(length), indexing="ij"
+    )
+    positions = torch.arange(length)
+    expected = scores + bias(positions, positions)
+    if causal:  # the causal mask hides what the bias gives after the query
+        expected, got = (
+            t.masked_fill(kv_idx > q_idx, 0.0) for t in (expected, score_mod(scores, batch, head, q_idx, kv_idx))
+        )
+    else:
+        got = score_mod(scores, batch, head, q_idx, kv_idx)
+    torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.no_fast_path
+@pytest.mark.parametrize(("name", "causal"), [("alibi", True), ("t5", False)])
+def test_flex_attention_with_a_bias_score_mod_equals_the_formula_on_the_cpu(name, causal) -> None:
+    """Eager FlexAttention runs forward on the CPU (its backward is CUDA's): the score_mod and the block mask of
+    causality and padding give the formula's outputs."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    generator = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 4, 40, 8, generator=generator) for _ in range(3))
+    bias = t5_with_order_one_values(4, causal).float() if name == "t5" else build_position_bias(name, 4, causal=causal)
+    padding = torch.zeros(2, 40, dtype=torch.bool)
+    padding[1, 30:] = True
+    with torch.no_grad():
+        out = flex_module.flex_bias_attention(
+            q, k, v, bias, causal=causal, key_padding_mask=padding, attend=flex_attention
+        )
+        expected = biased_reference(q, k, v, bias, causal, padding)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert not flex_module.auto_uses_flex_bias(q, k, bias, 0.0, False)  # auto keeps the CPU path here
+
+
+@pytest.mark.no_fast_path
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's backward needs CUDA")
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_full_attention_with_a_bias_on_cuda_takes_flex_and_equals_the_formula(name, causal) -> None:
+    """On CUDA `auto` computes the bias inside FlexAttention: outputs and gradients (q, k, v, T5's table) equal the
+    dense formula's."""
+    device = torch.device("cuda")
+    generator = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 4, 200, 16, generator=generator).to(device).requires_grad_() for _ in range(3))
+    bias = t5_with_order_one_values(4, causal).float() if name == "t5" else build_position_bias(name, 4, causal=causal)
+    bias = bias.to(device)
+    padding = torch.zeros(2, 200, dtype=torch.bool, device=device)
+    padding[1, 150:] = True
+    kernel = MultiHeadAttention(64, 4, position_bias=name).kernel
+    assert flex_module.auto_uses_flex_bias(q, k, bias, 0.0, False)
+    out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding, bias=bias)
+    expected = biased_reference(q, k, v, bias, causal, padding)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    inputs = (q, k, v, *bias.parameters())
+    for got, want in zip(torch.autograd.grad(out.sum(), inputs), torch.autograd.grad(expected.sum(), inputs)):
+        torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)

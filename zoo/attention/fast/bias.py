@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import torch
 
-from zoo.attention.biases import ALiBi, T5RelativeBias, relative_position_bucket
+from zoo.attention.biases import ALiBi, T5RelativeBias, constant_beyond, distance_table
 
 PADDED = -1e30  # the extra key channel of a padded key: exp underflows to exactly 0 after the softmax's shift
 # fp32 backward: bias entries whose probability is surely below exp(-UNDERFLOW) count as -inf (their share of any
 # sum lies some 15 orders below fp32's resolution); left in, products of such tiny probabilities turn denormal, and
 # denormal arithmetic slows the kernel's backward several times (ALiBi's far keys, any strongly negative bias).
 UNDERFLOW = 50.0
+# causal: query blocks of this many rows see only the keys up to their end, which spares the kernel the masked
+# upper triangle (it skips masked tiles only for is_causal, which takes no bias)
+CAUSAL_BLOCK = 256
 BLOCK_ELEMENTS = 2**18  # learned-table backward: query blocks of H * block * n scores at most, at least 64 rows
 
 
@@ -43,28 +46,6 @@ def applies(q: torch.Tensor, k: torch.Tensor, bias: object, dropout_p: float, ne
         and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
         and not torch.compiler.is_exporting()
     )
-
-
-def constant_beyond(bias: torch.nn.Module, length: int) -> int:
-    """M: the bias takes one value (one parameter) for all j - i <= -M and one for all j - i >= M; at most length."""
-    if not isinstance(bias, T5RelativeBias):
-        return length  # ALiBi: every distance differs
-    distance = torch.arange(bias.max_distance + 2)
-    reach = 0
-    for sign in (-1, 1):
-        buckets = relative_position_bucket(sign * distance, bias.bidirectional, bias.num_buckets, bias.max_distance)
-        differs = (buckets != buckets[-1]).nonzero()
-        reach = max(reach, int(differs.max()) + 1 if len(differs) else 0)
-    return max(1, min(reach, length))
-
-
-def distance_table(bias: torch.nn.Module, reach: int, device: torch.device) -> torch.Tensor:
-    """(H, 2 * reach + 1): entry c is the bias at distance j - i = c - reach, the ends standing for every distance
-    beyond them; evaluated by the bias module itself at those positions (so autograd reaches T5's table)."""
-    near = bias(torch.tensor([reach - 1], device=device), torch.arange(2 * reach - 1, device=device))[:, 0]
-    left = bias(torch.tensor([reach], device=device), torch.tensor([0], device=device))[:, 0]
-    right = bias(torch.tensor([0], device=device), torch.tensor([reach], device=device))[:, 0]
-    return torch.cat([left, near, right], dim=-1)
 
 
 def relative_bias_attention(
@@ -124,9 +105,15 @@ class _RelativeBiasAttention(torch.autograd.Function):
             k = torch.cat([k, key_channel.expand(batch, heads, length, 1)], dim=-1)
             v = torch.cat([v, v.new_zeros(batch, heads, length, 1)], dim=-1)
         anti_diagonals = _anti_diagonals(table, length, reach, causal)
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, attn_mask=_hankel(anti_diagonals, 0, length, 0, length), scale=scale
-        )
+        outs, lses = [], []
+        for start, end, first in _blocks(length, CAUSAL_BLOCK if causal else length, causal):
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q[:, :, start:end], k[:, :, first:], v[:, :, first:],
+                attn_mask=_hankel(anti_diagonals, start, end, first, length), scale=scale,
+            )  # fmt: skip
+            outs.append(out)
+            lses.append(lse)
+        out, lse = (torch.cat(parts, dim=2) if len(parts) > 1 else parts[0] for parts in (outs, lses))
         ctx.save_for_backward(q, k, v, table, out, lse)
         ctx.settings = (causal, reach, scale, dim, augmented)
         return out[..., :dim] if augmented else out
@@ -142,34 +129,39 @@ class _RelativeBiasAttention(torch.autograd.Function):
         anti_diagonals = _anti_diagonals(table, length, reach, causal)
         if q.dtype == torch.float32:
             anti_diagonals = _without_underflow(anti_diagonals, q[..., :dim], k[..., :dim], lse, grad_out, scale)
-        if not ctx.needs_input_grad[3]:
-            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                grad_out, q, k, v, out, lse, 0.0, False, attn_mask=_hankel(anti_diagonals, 0, length, 0, length),
-                scale=scale,
-            )  # fmt: skip
-            dtable = None
-        else:
-            dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-            dtable = table.new_zeros(heads, table.shape[1] + 1)  # + the causal entry
+        learned = ctx.needs_input_grad[3]
+        if learned:
             block = _block_size(heads, length)
-            for start in range(0, length, block):
-                end = min(start + block, length)
-                q_block, out_block, lse_block, grad_block = (
-                    t[:, :, start:end].contiguous() for t in (q, out, lse, grad_out)
-                )
-                dq_block, dk_part, dv_part = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                    grad_block, q_block, k, v, out_block, lse_block, 0.0, False,
-                    attn_mask=_hankel(anti_diagonals, start, end, 0, length), scale=scale,
-                )  # fmt: skip
-                dq[:, :, start:end] = dq_block
-                dk += dk_part
-                dv += dv_part
+        else:
+            block = CAUSAL_BLOCK if causal else length
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dtable = table.new_zeros(heads, table.shape[1] + 1) if learned else None  # + the causal entry
+        for start, end, first in _blocks(length, block, causal):
+            q_block, out_block, lse_block, grad_block = (
+                t[:, :, start:end].contiguous() for t in (q, out, lse, grad_out)
+            )
+            dq_block, dk_part, dv_part = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad_block, q_block, k[:, :, first:], v[:, :, first:], out_block, lse_block, 0.0, False,
+                attn_mask=_hankel(anti_diagonals, start, end, first, length), scale=scale,
+            )  # fmt: skip
+            dq[:, :, start:end] = dq_block
+            dk[:, :, first:] += dk_part
+            dv[:, :, first:] += dv_part
+            if learned:
                 _table_grad(dtable, q_block, k, v, out_block, lse_block, grad_block, anti_diagonals, dk_part, start,
-                            end, reach, causal, scale, dim)  # fmt: skip
+                            end, first, reach, causal, scale, dim)  # fmt: skip
+        if learned:
             dtable = dtable[:, :-1]
         if augmented:
             dq, dk, dv = dq[..., :dim], dk[..., :dim], dv[..., :dim]
         return dq, dk.flip(2), dv.flip(2), dtable, None, None, None
+
+
+def _blocks(length: int, block: int, causal: bool):
+    """(start, end, first): query blocks and the first reversed key slot each needs (causal: keys up to its end)."""
+    for start in range(0, length, block):
+        end = min(start + block, length)
+        yield start, end, length - end if causal else 0
 
 
 def _anti_diagonals(table: torch.Tensor, length: int, reach: int, causal: bool) -> torch.Tensor:
@@ -206,13 +198,15 @@ def _classes(rows: torch.Tensor, cols: torch.Tensor, reach: int, causal: bool) -
     return classes.masked_fill(distance > 0, 2 * reach + 1) if causal else classes
 
 
-def _table_grad(dtable, q, k, v, out, lse, grad_out, anti_diagonals, dk_part, start, end, reach, causal, scale, dim):
+def _table_grad(
+    dtable, q, k, v, out, lse, grad_out, anti_diagonals, dk_part, start, end, offset, reach, causal, scale, dim
+):
     """Add one query block's share of d table: sum over the batch and the block of dS by distance class.
 
     The band of keys within reach of the block takes dS explicitly (probabilities recomputed from the kept
     log-sum-exp); keys beyond it are in the end classes for every query of the block, so their share is their
     column sums of dS, which the extra channel's key gradient holds (dk'[..., dim] = scale * sum_i dS[i, j]).
-    Keys are in reversed order: slot c is key length - 1 - c."""
+    Keys are in reversed order: slot c is key length - 1 - c; dk_part covers the slots from `offset` on."""
     batch, heads, rows, channels = q.shape
     length = k.shape[2]
     lo, hi = max(0, start - reach + 1), min(length, end - 1 + reach)  # keys with a near distance to some row
@@ -228,6 +222,6 @@ def _table_grad(dtable, q, k, v, out, lse, grad_out, anti_diagonals, dk_part, st
     grad_scores = grad_scores.view(batch, heads, rows, width).sum(0)  # (H, rows, width)
     classes = _classes(torch.arange(start, end), torch.arange(lo, hi).flip(0), reach, causal).flatten()
     dtable.index_add_(1, classes, grad_scores.flatten(1))
-    column_sums = dk_part[..., dim].sum(0) / scale  # (H, slots)
-    dtable[:, 0] += column_sums[:, last:].sum(-1)  # keys before lo
-    dtable[:, 2 * reach] += column_sums[:, :first].sum(-1)  # keys from hi on
+    column_sums = dk_part[..., dim].sum(0) / scale  # (H, slots from offset on)
+    dtable[:, 0] += column_sums[:, last - offset :].sum(-1)  # keys before lo
+    dtable[:, 2 * reach] += column_sums[:, : max(0, first - offset)].sum(-1)  # keys from hi on
