@@ -9,6 +9,7 @@ to 8192), on the CPU and, when present, CUDA. Causal rows:
     sdpa+proj   the least a module can cost: in_proj -> sdpa -> out_proj, written out by hand
     full        zoo MultiHeadAttention, variant full
     rope        full with rotary positions
+    alibi, t5   full with a position bias: ALiBi (Press et al. 2022), T5's learned buckets (32, max distance 128)
     local       variant local, window 256
     linear      variant linear (Katharopoulos et al. 2020)
     sparse      variant sparse, strided, stride 128 (Child et al. 2019)
@@ -74,7 +75,7 @@ HEADS, HEAD_DIM, WINDOW = 4, 64, 256
 STRIDE, SUMMARY, ROW_LENGTH, COMPRESSED_LENGTH = 128, 16, 128, 256
 GLOBAL_TOKENS, LSH_HASHES, LSH_CHUNK = 16, 4, 64
 DIM = HEADS * HEAD_DIM
-CAUSAL_ROWS = ["sdpa", "sdpa+proj", "full", "rope", "local", "linear", "sparse", "fixed", "axial"]
+CAUSAL_ROWS = ["sdpa", "sdpa+proj", "full", "rope", "alibi", "t5", "local", "linear", "sparse", "fixed", "axial"]
 CAUSAL_ROWS += ["routing", "lsh", "local-global", "sparse-global"]
 KERNEL_ROWS = ["local-kernel", "linear-kernel", "sparse-kernel", "fixed-kernel", "axial-kernel"]
 KERNEL_ROWS += ["routing-kernel", "lsh-kernel", "local-global-kernel", "sparse-global-kernel"]
@@ -104,6 +105,8 @@ def build_rows(
     modules = {
         "full": MultiHeadAttention(DIM, HEADS, causal=True),
         "rope": MultiHeadAttention(DIM, HEADS, causal=True, rope=True),
+        "alibi": MultiHeadAttention(DIM, HEADS, causal=True, position_bias="alibi"),
+        "t5": MultiHeadAttention(DIM, HEADS, causal=True, position_bias="t5"),
         "local": MultiHeadAttention(DIM, HEADS, variant="local", window=WINDOW, causal=True),
         "linear": MultiHeadAttention(DIM, HEADS, variant="linear", causal=True),
         "sparse": MultiHeadAttention(DIM, HEADS, variant="sparse", stride=STRIDE, causal=True),
@@ -348,6 +351,19 @@ def targets(results: list[dict], device: str) -> list[str]:
         + ". The module includes the in/out projections that bare SDPA does not; against the same projections"
         " around bare SDPA (sdpa+proj) the module costs: " + ", ".join(f"{m}: {r:.2f}" for m, r in proj_ratios)
     )
+    # Issue #51's targets: a position bias computed inside the kernel costs about what full attention costs.
+    for bias in ("alibi", "t5"):
+        for m in lengths:
+            row, ref = lookup(results, device, bias, m), lookup(results, device, "full", m)
+            if row is None or ref is None:
+                continue
+            time_ratio = row["train_ms"] / ref["train_ms"]
+            memory_ratio = row["train_peak_mib"] / ref["train_peak_mib"]
+            lines.append(
+                f"- full+{bias} forward+backward <= 1.3x full at n={m}: {time_ratio:.2f}x "
+                f"({verdict(time_ratio <= 1.3)}); peak memory <= 1.2x full's: {memory_ratio:.2f}x "
+                f"({verdict(memory_ratio <= 1.2)})"
+            )
     # Issue #17's targets for local and linear: the kernel alone against bare SDPA (the issue's "full causal
     # SDPA") and, for reference, the module against the full module (both add the same projections).
     for variant in ("local", "linear"):

@@ -60,6 +60,7 @@ def test_report_names_every_target_and_writes_table_and_plot(results: list[dict]
     for variant, goal in (("sparse", 5), ("axial", 5), ("compressed", 10)):
         assert f"- {variant} >= {goal}x faster than full" in lines
     assert "forward kernel" in lines and "module vs full module" in lines
+    assert "- full+alibi forward+backward <= 1.3x full at n=512" in lines and "- full+t5 forward+backward" in lines
     # one length: the per-doubling targets do not apply, and are not reported as missed ("nanx (NOT met)")
     assert "nan" not in lines and "linear time per doubling of n (forward): not measured" in lines, lines
     bench.write_markdown(results, {"cores": "2"}, tmp_path / "bench.md", quick=True)

@@ -17,6 +17,7 @@ from zoo.attention import flex as flex_module
 from zoo.attention import functional as functional_module
 from zoo.attention import local as local_module
 from zoo.attention import pattern as pattern_module
+from zoo.attention.fast import bias as fast_bias
 from zoo.attention.fast import sdpa as fast_sdpa
 
 from .helpers import axial_mask, banded_mask, random_padding, reference_softmax_attention, sparse_mask
@@ -145,29 +146,28 @@ def test_full_attention_calls_sdpa_without_a_mask_when_is_causal_suffices(monkey
 
 @pytest.mark.fast_path
 @pytest.mark.parametrize("position_bias", ["alibi", "t5"])
-def test_a_position_bias_reaches_the_cpu_kernel_as_a_mask_of_the_queries_rank(monkeypatch, position_bias) -> None:
-    """A bias (H, T, S) handed to the fused CPU kernel as is takes it off its fast path (fwd+bwd 3-4x slower at
-    (32, 4, 785, 16)); sdpa gives it a leading batch dimension, a view, and the outputs and gradients stay those of
-    the formula. ALiBi's goes to SDPA, T5's (learned) to _LearnedBiasAttention."""
-    ranks = []
-    fused = functional_module.F.scaled_dot_product_attention
-    learned = fast_sdpa._LearnedBiasAttention.apply
+def test_a_position_bias_reaches_the_cpu_kernel_as_a_table_over_distances(monkeypatch, position_bias) -> None:
+    """Full attention with ALiBi or T5 on the CPU takes zoo/attention/fast/bias.py: the fused kernel with the bias
+    as a view of its values per distance, never an (H, n, n) mask through SDPA or _LearnedBiasAttention; the
+    outputs and gradients (T5's table among them) stay those of the formula."""
+    calls = []
+    relative = fast_bias._RelativeBiasAttention.apply
 
-    def spy(q, k, v, **kwargs):
-        ranks.append(("sdpa", q.dim(), kwargs["attn_mask"].dim()))
-        return fused(q, k, v, **kwargs)
+    def spy(*args):
+        calls.append("relative")
+        return relative(*args)
 
-    def spy_learned(q, k, v, mask, scale):
-        ranks.append(("learned", q.dim(), mask.dim()))
-        return learned(q, k, v, mask, scale)
+    def refused(*args, **kwargs):
+        raise AssertionError("a dense bias mask went to SDPA")
 
-    monkeypatch.setattr(functional_module.F, "scaled_dot_product_attention", spy)
-    monkeypatch.setattr(fast_sdpa._LearnedBiasAttention, "apply", spy_learned)
+    monkeypatch.setattr(fast_bias._RelativeBiasAttention, "apply", spy)
+    monkeypatch.setattr(functional_module.F, "scaled_dot_product_attention", refused)
+    monkeypatch.setattr(fast_sdpa._LearnedBiasAttention, "apply", refused)
     torch.manual_seed(0)
     module = MultiHeadAttention(32, 4, position_bias=position_bias)
     x = torch.randn(2, fast_sdpa.COMPOSITE_MAX_KEYS + 16, 32)
     out = module(x)
-    assert ranks == [("learned" if position_bias == "t5" else "sdpa", 4, 4)]
+    assert calls == ["relative"]
     reference, _ = module(x, need_weights=True)  # the O(n^2) formula, not the fused kernel
     torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
     parameters = list(module.parameters())  # T5's bias table among them

@@ -13,6 +13,10 @@ distance: a model may run past the length it was trained on.
   before the query; bidirectional (encoder) bucketing half on each side. As in T5 the 1/sqrt(d) scaling of
   the scores is kept (T5 folds it into its initialisation; zoo's kernels always scale).
 
+Both depend on j - i only: `distance_table` writes a bias as a table over distances, T5's ending where its last
+buckets begin (`constant_beyond`), from which a kernel takes the slice of any block of queries (full attention's
+CPU path, zoo/attention/fast/bias.py) or a FlexAttention score_mod reads its entries (zoo/attention/flex.py).
+
 Sharing: T5 computes one bias in the first layer and reuses it in every layer of a stack; zoo shares the
 module instead (attention.share_bias, built once per stack by zoo.nn.blocks.transformer_stack, registered in
 every layer's attention like tied weights), or gives each layer its own (share_bias=false). FSDP wraps every
@@ -126,6 +130,28 @@ class T5RelativeBias(nn.Module):
         relative = key_positions[..., None, :] - query_positions[..., :, None]  # (..., Tq, Tk)
         buckets = relative_position_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
         return self.relative_attention_bias(buckets).movedim(-1, -3)
+
+
+def constant_beyond(bias: nn.Module, length: int) -> int:
+    """M: the bias takes one value (one parameter) for all j - i <= -M and one for all j - i >= M; at most length."""
+    if not isinstance(bias, T5RelativeBias):
+        return length  # ALiBi: every distance differs
+    distance = torch.arange(bias.max_distance + 2)
+    reach = 0
+    for sign in (-1, 1):
+        buckets = relative_position_bucket(sign * distance, bias.bidirectional, bias.num_buckets, bias.max_distance)
+        differs = (buckets != buckets[-1]).nonzero()
+        reach = max(reach, int(differs.max()) + 1 if len(differs) else 0)
+    return max(1, min(reach, length))
+
+
+def distance_table(bias: nn.Module, reach: int, device: torch.device) -> torch.Tensor:
+    """(H, 2 * reach + 1): entry c is the bias at distance j - i = c - reach, the ends standing for every distance
+    beyond them; evaluated by the bias module itself at those positions (so autograd reaches T5's table)."""
+    near = bias(torch.tensor([reach - 1], device=device), torch.arange(2 * reach - 1, device=device))[:, 0]
+    left = bias(torch.tensor([reach], device=device), torch.tensor([0], device=device))[:, 0]
+    right = bias(torch.tensor([0], device=device), torch.tensor([reach], device=device))[:, 0]
+    return torch.cat([left, near, right], dim=-1)
 
 
 def build_position_bias(

@@ -8,6 +8,10 @@ on the CPU FlexAttention has no backward, and forward the blockwise kernels meas
 (experiments/results/recipes.md), so there `flex` is chosen only when forced. No position bias and no
 attention dropout here: AttentionConfig rejects `backend=flex` with either, and `auto` keeps the blockwise
 path for them.
+
+Full attention with ALiBi or T5 on CUDA: `auto` computes the bias inside FlexAttention as a `score_mod`
+(`position_bias_score_mod`): ALiBi in closed form from the positions, T5 as its table over distances, a captured
+tensor whose gradient FlexAttention returns (and autograd sums by bucket into the embedding).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import functools
 from collections.abc import Callable
 
 import torch
+
+from zoo.attention.biases import ALiBi, T5RelativeBias, constant_beyond, distance_table
 
 BLOCK_MASKS_KEPT = 4  # lengths whose block masks a kernel keeps (training repeats the same length)
 
@@ -125,3 +131,73 @@ def flex_pattern_attention(
         )
     attend = attend or compiled_flex_attention()
     return attend(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+# (score, batch, head, query index, key index) -> score: FlexAttention's score_mod, applied inside the kernel.
+ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def alibi_score_mod(slopes: torch.Tensor) -> ScoreMod:
+    """ALiBi (Press et al. 2022): score - m_h |i - j|, slopes (H,)."""
+
+    def score_mod(score, batch, head, q_idx, kv_idx):
+        return score - slopes[head] * (q_idx - kv_idx).abs()
+
+    return score_mod
+
+
+def distance_table_score_mod(table: torch.Tensor, reach: int) -> ScoreMod:
+    """A bias of the distance only: score + table[h, clamp(j - i, -reach, reach) + reach] (biases.distance_table)."""
+
+    def score_mod(score, batch, head, q_idx, kv_idx):
+        return score + table[head, (kv_idx - q_idx).clamp(-reach, reach) + reach]
+
+    return score_mod
+
+
+def position_bias_score_mod(bias, length: int, device: torch.device) -> ScoreMod:
+    """The score_mod of a position bias module for sequences of `length` (T5's table built here, under autograd)."""
+    if isinstance(bias, ALiBi):
+        return alibi_score_mod(bias.slopes.to(device))
+    reach = constant_beyond(bias, length)
+    return distance_table_score_mod(distance_table(bias, reach, device).float(), reach)
+
+
+def auto_uses_flex_bias(q: torch.Tensor, k: torch.Tensor, bias, dropout_p: float, need_weights: bool) -> bool:
+    """What `auto` means for full attention with a position bias: FlexAttention with the bias as its score_mod on
+    CUDA (self-attention, ALiBi or T5, no dropout, no weights asked)."""
+    return (
+        q.device.type == "cuda"
+        and isinstance(bias, (ALiBi, T5RelativeBias))
+        and q.shape[2] == k.shape[2]
+        and dropout_p == 0.0
+        and not need_weights
+        and flex_available()
+    )
+
+
+def flex_bias_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias,
+    *,
+    causal: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+    attend: Callable[..., torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Full self-attention of q (B, H, n, D) over k, v (B, G, n, D) with a position bias inside FlexAttention: the
+    bias as score_mod, causality and padding as the block mask (tiles wholly masked are skipped). `attend`: the
+    flex_attention to call (default: the compiled one)."""
+    batch, length = q.shape[0], q.shape[2]
+    score_mod = position_bias_score_mod(bias, length, q.device)
+    block_mask = None
+    if causal or key_padding_mask is not None:
+
+        def pattern(q_idx, kv_idx):
+            return kv_idx <= q_idx if causal else kv_idx >= 0
+
+        padding = None if key_padding_mask is None else key_padding_mask.bool()
+        block_mask = _block_mask(pattern, padding, batch, length, q.device)
+    attend = attend or compiled_flex_attention()
+    return attend(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])

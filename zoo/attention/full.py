@@ -6,14 +6,18 @@ import torch
 
 from zoo.attention.cache import KVCache, new_tokens_padding
 from zoo.attention.contract import Kernel, ScoreBias
+from zoo.attention.fast import bias as fast_bias
+from zoo.attention.fast import use_fast_kernels
+from zoo.attention.flex import auto_uses_flex_bias, flex_bias_attention
 from zoo.attention.functional import dot_product_attention, evaluate_bias
 
 
 class FullAttention(Kernel):
     """softmax(q k^T / sqrt(d) + bias) v over all keys: O(n^2) time, fused kernels keep memory O(n) (a position
-    bias is an (H, n, n) float mask). No options. Backend: sdpa only (auto is sdpa): without padding, weights or
-    bias it is one call with is_causal and no mask, which keeps CUDA on the flash kernel (a mask would drop it
-    to the math path)."""
+    bias is an (H, n, n) float mask in the formula; the CPU fast path and CUDA compute it inside the kernel). No
+    options. Backend: sdpa (auto is sdpa): without padding, weights or bias it is one call with is_causal and no
+    mask, which keeps CUDA on the flash kernel (a mask would drop it to the math path); with ALiBi or T5 on CUDA,
+    auto takes FlexAttention with the bias as its score_mod (zoo/attention/flex.py)."""
 
     name = "full"
     supports_cross_attention = True
@@ -34,6 +38,13 @@ class FullAttention(Kernel):
         bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q (B, H, T, D), k/v (B, G, S, D) -> (B, H, T, D) and, if asked, probabilities (B, H, T, S)."""
+        flex = bias is not None and self.backend == "auto" and auto_uses_flex_bias(q, k, bias, dropout_p, need_weights)
+        if flex:  # CUDA: the bias as FlexAttention's score_mod
+            return flex_bias_attention(q, k, v, bias, causal=causal, key_padding_mask=key_padding_mask), None
+        if bias is not None and use_fast_kernels() and fast_bias.applies(q, k, bias, dropout_p, need_weights):
+            # the bias per query block from a table over distances, never (H, n, n) nor per batch element
+            out = fast_bias.relative_bias_attention(q, k, v, bias, causal=causal, key_padding_mask=key_padding_mask)
+            return out, None
         scores_bias = None if bias is None else evaluate_bias(bias, q.shape[2], k.shape[2], q.device)
         return dot_product_attention(
             q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
