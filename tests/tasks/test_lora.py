@@ -145,3 +145,20 @@ def test_lora_on_a_pretrained_vit_keeps_what_trained_names_the_base_and_loads_ba
         if not name.startswith("head.") and not ADAPTED.fullmatch(name.removesuffix(".weight")):
             assert torch.equal(tuned.state_dict()[name], tensor), name
     assert tuned.head.out_features == 10  # digits' classes, trained from the checkpoint's head
+
+
+def test_lora_on_a_pretrained_clip_folder_keeps_the_adapters_names_the_base_and_loads_back(tmp_path, capsys) -> None:
+    from tests.tasks.test_clip import huggingface_clip_folder
+    from zoo.models.clip import CLIP
+
+    folder = tmp_path / "hf"
+    huggingface_clip_folder(folder)
+    path = train(["model=clip", f"model.pretrained={folder}", "model.lora.rank=2", "data.max_length=40"],
+                 tmp_path / "run", capsys)  # fmt: skip
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["hyper_parameters"]["pretrained"] == str(folder.resolve())
+    assert checkpoint["state_dict"] and all("lora_" in key for key in checkpoint["state_dict"])  # adapters only
+    base, tuned = CLIP.from_pretrained(folder).state_dict(), zoo.load(path).state_dict()
+    assert set(tuned) == set(base)
+    changed = {k for k, v in tuned.items() if not torch.equal(v, base[k])}
+    assert changed and all(ADAPTED.fullmatch(k.removesuffix(".weight")) for k in changed)
