@@ -6,7 +6,11 @@ experiments/results/modern_decoders.md:
 
 checkpointing: one training step (forward, backward, AdamW) of a Llama-shaped GPT at block 1024, each setting in
 a fresh subprocess; "activations" is the bytes autograd saves for the backward (saved-tensor hooks, exact), "peak
-RSS" the growth of the process' peak resident memory during the step (what the machine must hold).
+RSS" the growth of the process' peak resident memory during the step (what the machine must hold), once with
+glibc malloc as it comes and once with its mmap threshold fixed at 1 MiB (MALLOC_MMAP_THRESHOLD_): glibc raises
+that threshold each time a large block is freed, so later blocks of a few MiB come from the heap and stay
+resident after their tensors die; fixed, every such block is returned at once and the peak RSS follows the
+tensors alive at once.
 lora: the same model's step time with every weight trained and with rank-8 adapters on the attention and MLP
 projections only (model.lora), median of a few steps.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -37,10 +42,10 @@ def llama(block_size: int, checkpointing: bool = False, **overrides) -> GPT:
     return GPT(GPTConfig(**config))
 
 
-def one_step(block_size: int, batch: int, checkpointing: bool) -> dict:
+def one_step(block_size: int, batch: int, checkpointing: bool, n_layer: int = 6, n_embd: int = 384) -> dict:
     """Peak memory of one training step, measured in this process (run in a fresh one per setting)."""
     torch.manual_seed(0)
-    model = llama(block_size, checkpointing).train()
+    model = llama(block_size, checkpointing, n_layer=n_layer, n_embd=n_embd).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     idx = torch.randint(0, 65, (batch, block_size))
     saved = [0]
@@ -65,20 +70,30 @@ def one_step(block_size: int, batch: int, checkpointing: bool) -> dict:
     return {"saved_mib": saved[0] / 2**20, "peak_rss_mib": (after - before) / 1024, "seconds": seconds}
 
 
+# glibc malloc's settings per run: as it comes, and with large blocks always mapped (returned to the system when freed).
+ALLOCATORS = {"glibc default": {}, "mmap threshold 1 MiB": {"MALLOC_MMAP_THRESHOLD_": str(2**20)}}
+
+
 def checkpointing(args: argparse.Namespace) -> None:
-    print(f"| setting (block {args.block_size}, batch {args.batch}) | activations saved (MiB) | peak RSS growth "
-          "(MiB) | step (s) |")  # fmt: skip
-    print("|---|---|---|---|")
+    print(f"| setting (block {args.block_size}, batch {args.batch}) | malloc | activations saved (MiB) | peak RSS "
+          "growth (MiB) | step (s) |")  # fmt: skip
+    print("|---|---|---|---|---|")
     rows = {}
-    for enabled in (False, True):
-        command = [sys.executable, __file__, "step", str(args.block_size), str(args.batch), str(int(enabled))]
-        result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
-        rows[enabled] = json.loads(result.stdout.strip().splitlines()[-1])
-        row = rows[enabled]
-        name = "checkpointing=true" if enabled else "plain"
-        print(f"| {name} | {row['saved_mib']:.1f} | {row['peak_rss_mib']:.1f} | {row['seconds']:.2f} |")
-    print(f"\nactivations {rows[False]['saved_mib'] / rows[True]['saved_mib']:.1f}x lower, peak RSS growth "
-          f"{rows[False]['peak_rss_mib'] / max(rows[True]['peak_rss_mib'], 1e-9):.1f}x lower")  # fmt: skip
+    for allocator, env in ALLOCATORS.items():
+        for enabled in (False, True):
+            sizes = (args.block_size, args.batch, int(enabled), args.n_layer, args.n_embd)
+            command = [sys.executable, __file__, "step", *(str(size) for size in sizes)]
+            result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT,
+                                    env={**os.environ, **env})  # fmt: skip
+            row = rows[allocator, enabled] = json.loads(result.stdout.strip().splitlines()[-1])
+            name = "checkpointing=true" if enabled else "plain"
+            print(f"| {name} | {allocator} | {row['saved_mib']:.1f} | {row['peak_rss_mib']:.1f} | "
+                  f"{row['seconds']:.2f} |")  # fmt: skip
+    print()
+    for allocator in ALLOCATORS:
+        plain, checkpointed = rows[allocator, False], rows[allocator, True]
+        print(f"{allocator}: activations {plain['saved_mib'] / checkpointed['saved_mib']:.1f}x lower, peak RSS "
+              f"growth {plain['peak_rss_mib'] / max(checkpointed['peak_rss_mib'], 1e-9):.1f}x lower")  # fmt: skip
 
 
 def lora(args: argparse.Namespace) -> None:
@@ -88,7 +103,7 @@ def lora(args: argparse.Namespace) -> None:
     print("|---|---|---|---|")
     for rank in (None, 8):
         torch.manual_seed(0)
-        model = llama(args.block_size).train()
+        model = llama(args.block_size, n_layer=args.n_layer, n_embd=args.n_embd).train()
         if rank:
             add_lora(model, LoRAConfig(rank=rank))
         trainable = [p for p in model.parameters() if p.requires_grad]
@@ -109,14 +124,16 @@ def lora(args: argparse.Namespace) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "step":
-        block_size, batch, enabled = (int(value) for value in sys.argv[2:5])
-        print(json.dumps(one_step(block_size, batch, bool(enabled))))
+        block_size, batch, enabled, n_layer, n_embd = (int(value) for value in sys.argv[2:7])
+        print(json.dumps(one_step(block_size, batch, bool(enabled), n_layer, n_embd)))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("benchmark", choices=["checkpointing", "lora"])
     parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--n-layer", type=int, default=6)
+    parser.add_argument("--n-embd", type=int, default=384, help="a multiple of the 6 heads")
     args = parser.parse_args()
     torch.set_num_threads(2)
     {"checkpointing": checkpointing, "lora": lora}[args.benchmark](args)

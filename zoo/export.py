@@ -36,7 +36,7 @@ from zoo.models.gpt import GPT, GPTConfig
 from zoo.models.rnn_translation import RNNTranslation, RNNTranslationConfig
 from zoo.models.sequence_classifier import SequenceClassifier, SequenceClassifierConfig
 from zoo.models.translation import TranslationConfig, TranslationTransformer
-from zoo.models.vit import ViT, ViTConfig
+from zoo.models.vit import ViT, ViTConfig, vit_from_pretrained
 from zoo.nn.lora import LoRAConfig, adapter_state_dict, add_lora, has_lora, merge_lora
 from zoo.weights import checkpoint_identity, network_state_dict, read_checkpoint, read_weights
 
@@ -47,6 +47,12 @@ FAMILIES: dict[str, tuple[type[nn.Module], Any]] = {
     "rnn_translation": (RNNTranslation, RNNTranslationConfig),
     "clip": (CLIP, CLIPConfig),
     "sequence_classifier": (SequenceClassifier, SequenceClassifierConfig),
+}
+# The base a LoRA checkpoint names (hparams `pretrained`), rebuilt as the family's task built it: (base, config).
+PRETRAINED_BASES: dict[str, Any] = {
+    "gpt": lambda base, config: GPT.from_huggingface(base, attention=config.attention.to_dict()),
+    "vit": lambda base, config: vit_from_pretrained(base, config)[0],
+    "clip": lambda base, config: CLIP.from_pretrained(base, attention=config.attention),
 }
 ONNX_FAMILIES = ("gpt", "sequence_classifier", "vit")
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
@@ -104,20 +110,20 @@ def _from_checkpoint(path: Path) -> nn.Module:
 
 
 def _with_lora(family: str, hparams: dict[str, Any], state: dict[str, torch.Tensor], where: str) -> nn.Module:
-    """The network of a LoRA checkpoint, adapters merged: the base from the folder it names (hparams pretrained;
-    the checkpoint then holds the adapters only) or from the checkpoint itself, plus its adapters."""
+    """The network of a LoRA checkpoint, adapters merged: the base from the weights it names (hparams pretrained;
+    the checkpoint then holds what trained only) or from the checkpoint itself, plus its adapters."""
     network, config_class = FAMILIES[family]
     config = config_class.from_dict(hparams["net"])
     base = hparams.get("pretrained")
     if base:
-        if not Path(base).is_dir():
-            raise CheckpointError(f"{where!r} holds LoRA adapters of the base {base!r}, which is not a folder any more")
-        model = network.from_huggingface(base, attention=config.attention.to_dict())
+        if not Path(base).exists():
+            raise CheckpointError(f"{where!r} holds LoRA adapters of the base {base!r}, which does not exist any more")
+        model = PRETRAINED_BASES[family](base, config)
     else:
         model = network(config)
     add_lora(model, LoRAConfig(**hparams["lora"]))
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [key for key in missing if not base or adapter_state_dict({key: None})]
+    missing = [key for key in missing if not base or adapter_state_dict({key: None})]  # the base's: from the base
     if missing or unexpected:
         raise CheckpointError(
             f"{where!r}: the LoRA weights do not fit the model (missing {missing[:4]}, unexpected {unexpected[:4]})"

@@ -11,7 +11,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from tokenizers import processors
+from tokenizers import Tokenizer, processors
 from torchvision.io import write_png
 
 from tests.helpers import run_cli
@@ -124,7 +124,8 @@ def test_data_without_classes_cannot_be_monitored_by_zero_shot_accuracy(tmp_path
         trainer(tmp_path, callbacks=[checkpoint]).fit(CLIPTask(net), datamodule=datamodule)
 
 
-def test_pretrained_huggingface_folder_brings_its_architecture_and_tokenizer(tmp_path: Path) -> None:
+def huggingface_clip_folder(folder: Path) -> tuple[torch.nn.Module, Tokenizer]:
+    """A tiny random transformers CLIPModel saved to `folder` with a tokenizer.json of the digit captions."""
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
     # A tokenizer whose end-of-text id is not 2 (transformers reads eos_token_id=2 as OpenAI's argmax rule).
@@ -142,9 +143,13 @@ def test_pretrained_huggingface_folder_brings_its_architecture_and_tokenizer(tmp
         projection_dim=16,
     )  # fmt: skip
     reference = transformers.CLIPModel(config).eval()
-    reference.save_pretrained(tmp_path / "hf")
-    tokenizer.save(str(tmp_path / "hf" / "tokenizer.json"))
+    reference.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return reference, tokenizer
 
+
+def test_pretrained_huggingface_folder_brings_its_architecture_and_tokenizer(tmp_path: Path) -> None:
+    reference, tokenizer = huggingface_clip_folder(tmp_path / "hf")
     task = CLIPTask(NET, pretrained=str(tmp_path / "hf"))
     assert task.hparams["pretrained"] is None and task.hparams["net"]["text"]["vocab_size"] == 64
     assert task.net.config.text.eot_token_id == 3 and task.net.config.image.activation == "quick_gelu"

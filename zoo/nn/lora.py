@@ -7,6 +7,8 @@ dropout, merge) rather than a copy of it. Targets are the self-attention's fused
 ("attention") and the MLP's `fc1`, `fc2` and, gated, `gate` ("mlp"); cross-attention reads its projection's
 weight directly, so its projections are never adapted. Adapter parameters are named `lora_A.default.weight` /
 `lora_B.default.weight` under the module they adapt; the frozen base weight moves to `<module>.base_layer.weight`.
+`modules_to_save` (peft's name) are trained in full besides the adapters: a task's new head (a ViT fine-tuned to
+other classes starts its head from scratch, so adapters alone could not fit it).
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ ADAPTER_MARK = "lora_"
 @dataclass
 class LoRAConfig:
     """rank 0: no adapters. alpha: the scale numerator (updates are scaled by alpha / rank). dropout: on the
-    adapters' input. targets: attention | mlp, or module names (in_proj, out_proj, gate, fc1, fc2)."""
+    adapters' input. targets: attention | mlp, or module names (in_proj, out_proj, gate, fc1, fc2).
+    modules_to_save: the network's modules by name (e.g. head) trained in full, kept in adapter checkpoints."""
 
     rank: int = 0
     alpha: float = 16.0
     dropout: float = 0.0
     targets: list[str] = field(default_factory=lambda: ["attention", "mlp"])
+    modules_to_save: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
@@ -45,6 +49,7 @@ class LoRAConfig:
             raise ValueError(f"model.lora.targets must name at least one of {', '.join(TARGETS)}")
         for target in self.targets:
             check_choice("model.lora.targets entry", target, TARGETS)
+        self.modules_to_save = list(self.modules_to_save or [])
 
     @property
     def enabled(self) -> bool:
@@ -74,6 +79,15 @@ def add_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
         raise ValueError(f"model.lora.targets={config.targets} matched no projection of {type(model).__name__}")
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(ADAPTER_MARK in name)
+    for name in config.modules_to_save:
+        try:
+            module = model.get_submodule(name)
+        except AttributeError:
+            valid = ", ".join(child for child, _ in model.named_children())
+            raise ValueError(
+                f"model.lora.modules_to_save entry {name!r} is not a module of {type(model).__name__}; valid: {valid}"
+            ) from None
+        module.requires_grad_(True)
     return model
 
 

@@ -1,9 +1,10 @@
 """The Lightning base every task shares: optimiser with weight-decay groups and lr schedule, the
-checkpoint's identity (task and model family) and tokenizer, torch.compile."""
+checkpoint's identity (task and model family) and tokenizer, torch.compile, LoRA fine-tuning (model.lora)."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, ClassVar
 
 import lightning as L
@@ -12,8 +13,9 @@ from lightning.pytorch.strategies import FSDPStrategy
 
 from zoo.data.tokenizers import tokenizer_from_string, tokenizer_to_string
 from zoo.errors import AttentionPlacement, CheckpointError
+from zoo.nn.lora import LoRAConfig, add_lora
 from zoo.tasks.optim import build_optimizer, lr_multiplier
-from zoo.training.checkpoints import check_weights
+from zoo.training.checkpoints import ADAPTERS_ONLY, check_weights
 from zoo.weights import checkpoint_identity, identity
 
 log = logging.getLogger("zoo")
@@ -24,6 +26,11 @@ class ZooTask(L.LightningModule):
 
     optimizer: {name, lr, weight_decay, betas, eps}; scheduler: {name, warmup_steps | warmup_ratio,
     min_lr}. Total steps come from the Trainer (max_steps, or epochs x batches).
+
+    lora: zoo.nn.lora.LoRAConfig fields (rank 0: off). Every task builds its network through `with_lora`: adapters
+    on the blocks' projections, the rest frozen, so only the adapters (and lora.modules_to_save) are optimised.
+    With a pretrained base (`lora_base`), checkpoints hold the trained parameters only and name the base
+    (hparams `pretrained`); zoo.load and mode=export rebuild base + adapters and merge them.
     """
 
     family: ClassVar[str] = ""  # the model family: vit, gpt, translation, clip, sequence_classifier (model=<family>)
@@ -32,17 +39,40 @@ class ZooTask(L.LightningModule):
     attention_placements: ClassVar[tuple[AttentionPlacement, ...]] = ()
     net: torch.nn.Module
     tokenizer: Any = None  # text tasks: a Hugging Face tokenizer, kept in every checkpoint as JSON
+    # Whether the family's network has Transformer blocks whose projections LoRA adapts (the RNN has none).
+    takes_lora: ClassVar[bool] = True
 
     def __init__(
         self,
         optimizer: dict[str, Any] | None = None,
         scheduler: dict[str, Any] | None = None,
         compile: bool | str = False,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.optimizer_config = dict(optimizer or {})
         self.scheduler_config = dict(scheduler or {})
         self.compile_backend = compile_backend(compile)
+        self.lora = LoRAConfig(**(lora or {}))
+        if self.lora.enabled and not self.takes_lora:
+            raise ValueError(
+                f"model.lora.rank={self.lora.rank}: LoRA adapts the attention and MLP projections of Transformer "
+                f"blocks and the {self.family} family has none; set model.lora.rank=0"
+            )
+
+    # -- LoRA -----------------------------------------------------------------------------------------
+    def with_lora(self, net: torch.nn.Module) -> torch.nn.Module:
+        """`net` with the adapters of model.lora (in place, the rest frozen); unchanged when lora.rank is 0."""
+        return add_lora(net, self.lora) if self.lora.enabled else net
+
+    def lora_base(self, pretrained: str | None) -> str | None:
+        """What hparams `pretrained` keeps once the network is built from it: without LoRA nothing (checkpoints
+        hold every weight and reload without the base), with LoRA the base itself (an existing path resolved):
+        checkpoints then hold the trained parameters only and name it."""
+        if not (pretrained and self.lora.enabled):
+            return None
+        path = Path(pretrained).expanduser()
+        return str(path.resolve()) if path.exists() else str(pretrained)
 
     def configure_model(self) -> None:
         if self.compile_backend == "inductor" and self.device.type == "cpu" and (missing := missing_cpp_compiler()):
@@ -98,6 +128,10 @@ class ZooTask(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["zoo"] = identity(self)
+        if self.lora.enabled and self.hparams.get("pretrained"):  # the base is named: keep what trained only
+            trained = {f"net.{name}" for name, parameter in self.net.named_parameters() if parameter.requires_grad}
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trained}
+            checkpoint[ADAPTERS_ONLY] = True
         if self.tokenizer is not None:
             checkpoint["tokenizer"] = tokenizer_to_string(self.tokenizer)  # plain text: weights_only-safe
         datamodule = self.attached_datamodule()
@@ -109,6 +143,8 @@ class ZooTask(L.LightningModule):
         return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if checkpoint.get(ADAPTERS_ONLY) and getattr(self, "net", None) is not None:
+            checkpoint["state_dict"] = {**self.state_dict(), **checkpoint["state_dict"]}  # the base, from itself
         task, family = checkpoint_identity(checkpoint)
         if family and self.family and family != self.family:
             raise CheckpointError(

@@ -45,6 +45,7 @@ class ClassificationTask(ZooTask):
         compile: bool = False,
         pretrained: str | None = None,
         eval_hflip: bool = False,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         check_non_negative("model.mixup_alpha", mixup_alpha)
         check_non_negative("model.cutmix_alpha", cutmix_alpha)
@@ -58,9 +59,9 @@ class ClassificationTask(ZooTask):
                 f"model.eval_hflip mirrors images: true or false, and false for {type(self).__name__}'s token ids; "
                 f"got {eval_hflip!r}"
             )
-        super().__init__(optimizer, scheduler, compile)
+        super().__init__(optimizer, scheduler, compile, lora)
         self.save_hyperparameters()
-        self.net = self.build_net(net, pretrained)
+        self.net = self.with_lora(self.build_net(net, pretrained))
         self.label_smoothing = label_smoothing
         self.eval_hflip = eval_hflip
         num_classes = self.net.config.num_classes
@@ -156,10 +157,11 @@ class ImageClassificationTask(ClassificationTask):
     def build_net(self, net: dict[str, Any], pretrained: str | None) -> ViT:
         if not pretrained:
             return ViT(ViTConfig.from_dict(net))
-        # torchvision weights or a zoo checkpoint; the checkpoint of this run then holds all weights.
+        # torchvision weights or a zoo checkpoint; the checkpoint of this run then holds all weights (with LoRA:
+        # what trained, naming the base).
         model, notes = vit_from_pretrained(pretrained, ViTConfig.from_dict(net))
         self.hparams.net = model.config.to_dict()  # the architecture actually built
-        self.hparams.pretrained = None
+        self.hparams.pretrained = self.lora_base(pretrained)
         for note in notes:
             print(f"pretrained: {note}")
         return model

@@ -47,8 +47,9 @@ class CLIPTask(ZooTask):
         scheduler: dict[str, Any] | None = None,
         compile: bool = False,
         similarity_examples: int = 10,
+        lora: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(optimizer, scheduler, compile)
+        super().__init__(optimizer, scheduler, compile, lora)
         self.save_hyperparameters()
         self.tokenizer: Tokenizer | None = None
         if pretrained:
@@ -59,12 +60,13 @@ class CLIPTask(ZooTask):
                     f"model.pretrained={pretrained!r}: no tokenizer.json in {tokenizer_file}; save the processor "
                     "there too: CLIPProcessor.from_pretrained(<name>).save_pretrained(<that folder>)"
                 )
-            self.net = CLIP.from_pretrained(pretrained, attention=net.get("attention"))
+            self.net = self.with_lora(CLIP.from_pretrained(pretrained, attention=net.get("attention")))
             self.tokenizer = Tokenizer.from_file(str(tokenizer_file / "tokenizer.json"))
-            # Checkpoints then describe the imported architecture themselves and reload without the file.
-            self.hparams["net"], self.hparams["pretrained"] = self.net.config.to_dict(), None
+            # Checkpoints then describe the imported architecture themselves and reload without the file (with LoRA:
+            # hold what trained and name it).
+            self.hparams["net"], self.hparams["pretrained"] = self.net.config.to_dict(), self.lora_base(pretrained)
         else:
-            self.net = CLIP(CLIPConfig.from_dict(net))
+            self.net = self.with_lora(CLIP(CLIPConfig.from_dict(net)))
         self.similarity_examples = similarity_examples
         self.prompts: list[list[str]] = []
         self.class_embeddings: torch.Tensor | None = None

@@ -21,9 +21,7 @@ from tokenizers import Tokenizer
 from zoo.data.tokenizers import encode_text, tokenizer_kind, tokenizer_to_string
 from zoo.errors import AttentionPlacement
 from zoo.models.gpt import GPT, GPTConfig, SamplingConfig
-from zoo.nn.lora import LoRAConfig, adapter_state_dict, add_lora
 from zoo.tasks.base import ZooTask
-from zoo.training.checkpoints import ADAPTERS_ONLY
 from zoo.training.loggers import log_text_table
 
 # The text logged at each validation: a prompt, a seed of its own, and how to sample (SamplingConfig).
@@ -39,9 +37,8 @@ class LanguageModelTask(ZooTask):
     attention only what a user changes on purpose applies: a variant other than full (with its options), a
     rope_scaling; the checkpoint's own (RoPE base, grouped heads, Mistral's window) stays otherwise.
 
-    lora: zoo.nn.lora.LoRAConfig fields (rank 0: off): adapters on the network, the rest frozen. With a
-    pretrained base, checkpoints hold the adapters only and name the base folder (hparams `pretrained`);
-    zoo.load rebuilds base + adapters and merges them.
+    lora: zoo.nn.lora.LoRAConfig fields (rank 0: off), as every task takes them (zoo.tasks.base.ZooTask). With a
+    pretrained base, checkpoints hold the adapters only and name the base folder (hparams `pretrained`).
     """
 
     family = "gpt"
@@ -59,32 +56,28 @@ class LanguageModelTask(ZooTask):
         pretrained: str | None = None,
         lora: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(optimizer, scheduler, compile)
+        super().__init__(optimizer, scheduler, compile, lora)
         self.save_hyperparameters()
         unknown = set(sample or {}) - set(SAMPLE_DEFAULTS)
         if unknown:
             raise ValueError(f"unknown model.sample options {sorted(unknown)}; valid: {sorted(SAMPLE_DEFAULTS)}")
         self.sample_config = {**SAMPLE_DEFAULTS, **(sample or {})}
         self.sampling = SamplingConfig(**{k: self.sample_config[k] for k in asdict(SamplingConfig())})
-        self.lora = LoRAConfig(**(lora or {}))
         self.net: GPT | None = None
         self.tokenizer: Tokenizer | None = None
         if pretrained:
             net_config = GPTConfig.from_dict(net) if net.get("vocab_size") is not None else None
             changes = net_config.attention.to_dict() if net_config else attention_changes(net.get("attention"))
-            self.net = GPT.from_huggingface(pretrained, attention=changes)
+            self.net = self.with_lora(GPT.from_huggingface(pretrained, attention=changes))
             self.net.train()
             tokenizer_file = Path(pretrained).expanduser() / "tokenizer.json"
             if tokenizer_file.is_file():
                 self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
             # Checkpoints then describe the imported architecture themselves; without LoRA they hold every weight
             # and reload without the folder, with LoRA they hold the adapters and name the folder as their base.
-            base = str(Path(pretrained).expanduser().resolve()) if self.lora.enabled else None
-            self.hparams["net"], self.hparams["pretrained"] = self.net.config.to_dict(), base
-            self._add_lora()
+            self.hparams["net"], self.hparams["pretrained"] = self.net.config.to_dict(), self.lora_base(pretrained)
         elif net.get("vocab_size") is not None:
-            self.net = GPT(GPTConfig.from_dict(net))
-            self._add_lora()
+            self.net = self.with_lora(GPT(GPTConfig.from_dict(net)))
         self.val_loss, self.test_loss = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
 
     # -- model and tokenizer from the data ------------------------------------------------------------
@@ -99,8 +92,7 @@ class LanguageModelTask(ZooTask):
         vocab_size = tokenizer.get_vocab_size()
         if self.net is None:
             self.hparams.net = {**self.hparams.net, "vocab_size": vocab_size}
-            self.net = GPT(GPTConfig.from_dict(self.hparams.net))
-            self._add_lora()
+            self.net = self.with_lora(GPT(GPTConfig.from_dict(self.hparams.net)))
         elif self.net.config.vocab_size < vocab_size:
             raise ValueError(
                 f"model.net.vocab_size={self.net.config.vocab_size} is smaller than the tokenizer's vocabulary "
@@ -113,21 +105,6 @@ class LanguageModelTask(ZooTask):
                 f"data.block_size={block_size} exceeds the model's block_size={self.net.config.block_size}; "
                 f"use data.block_size <= {self.net.config.block_size}"
             )
-
-    def _add_lora(self) -> None:
-        if self.lora.enabled:
-            add_lora(self.net, self.lora)
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        if self.lora.enabled and self.hparams.get("pretrained"):  # the base is named: keep the adapters only
-            checkpoint["state_dict"] = adapter_state_dict(checkpoint["state_dict"])
-            checkpoint[ADAPTERS_ONLY] = True
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self.lora.enabled and self.hparams.get("pretrained") and self.net is not None:
-            checkpoint["state_dict"] = {**self.state_dict(), **checkpoint["state_dict"]}  # the base, from its folder
-        super().on_load_checkpoint(checkpoint)
 
     def _adopt_tokenizer(self, tokenizer: Tokenizer, source: str) -> None:
         """Take `tokenizer` (from `source`: "data" or "checkpoint"), unless the model already has a different

@@ -109,11 +109,12 @@ class TranslationTask(ZooTask):
         num_samples: int = 3,
         alignment_plots: bool = True,
         compile: bool = False,
+        lora: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(optimizer, scheduler, compile)
+        super().__init__(optimizer, scheduler, compile, lora)
         self.save_hyperparameters()
         network, config = self.architecture
-        self.net = network(config.from_dict(net))
+        self.net = self.with_lora(network(config.from_dict(net)))
         self.tokenizer: Tokenizer | None = None
         self._outputs: dict[str, list[tuple[str, str]]] = {}
         self._first_batch: dict[str, dict[str, Any]] = {}
@@ -231,6 +232,7 @@ class RNNTranslationTask(TranslationTask):
     """The same task (loss, label smoothing, BLEU, greedy and beam search) for the RNN encoder-decoder."""
 
     family = "rnn_translation"
+    takes_lora = False  # recurrent cells and an attention over the encoder states, no Transformer blocks
     attention_placements = (
         AttentionPlacement(
             "the decoder's attention over the encoder states", "attention.{option}={value}", False, False

@@ -141,7 +141,8 @@ def check_task(checkpoint: dict[str, Any], target: str, path: str, model: str | 
         )
 
 
-# Marks a checkpoint that holds LoRA adapters only, its base named by the task's `pretrained` hyper-parameter.
+# Marks a checkpoint that holds what LoRA trained only (adapters, lora.modules_to_save), its base named by the task's
+# `pretrained` hyper-parameter.
 ADAPTERS_ONLY = "adapters_only"
 
 
@@ -151,8 +152,8 @@ def check_weights(checkpoint: dict[str, Any], module: torch.nn.Module, path: str
     built lazily in setup) are not judged here."""
     saved = checkpoint["state_dict"]
     expected = module.state_dict()
-    if checkpoint.get(ADAPTERS_ONLY):  # LoRA of a named base: the base's weights come from its folder
-        expected = {k: v for k, v in expected.items() if "lora_" in k}
+    if checkpoint.get(ADAPTERS_ONLY):  # LoRA of a named base: the base's weights come from the base
+        expected = {k: v for k, v in expected.items() if "lora_" in k or k in saved}
     missing = [k for k in expected if k not in saved]
     reshaped = [k for k in expected if k in saved and tuple(saved[k].shape) != tuple(expected[k].shape)]
     if reshaped:
