@@ -147,3 +147,11 @@ def test_every_extra_the_pages_and_ci_install_is_declared():
     assert {(".ci/run", "docs"), ("README.md", "docs")} <= {(str(where), extra) for where, extra in named}
     missing = sorted(f"{where}: .[{extra}]" for where, extra in named if extra not in declared)
     assert not missing, f"extras not in pyproject.toml's optional-dependencies {sorted(declared)}: {missing}"
+
+
+def test_the_home_page_points_to_every_page_of_the_site() -> None:
+    """docs/index.md's "Where to go" table is how a reader finds a page: a page added to the nav is linked there."""
+    nav = nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    linked = set(re.findall(r"\]\(([^)#]+\.md)", (DOCS / "index.md").read_text()))
+    unlinked = sorted(page for page in nav - linked - {"index.md"} if not page.startswith("reference/"))
+    assert not unlinked, f"pages of the nav without a row in docs/index.md's table: {unlinked}"
