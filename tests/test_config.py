@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CONF, compose_config, run_cli
+from tests.helpers import CONF, compose_config, run_in_process
 
 
 def options(group: str) -> list[str]:
@@ -93,10 +93,10 @@ def test_attention_group_reaches_the_model(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_vit_fast_dev_run_writes_outputs(tmp_outputs: Path) -> None:
-    result = run_cli(["model=vit", "trainer.fast_dev_run=true", f"paths.log_dir={tmp_outputs}"])
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "test/acc" in result.stdout
+def test_vit_fast_dev_run_writes_outputs(tmp_outputs: Path, capsys) -> None:
+    code, out, err = run_in_process(["model=vit", "trainer.fast_dev_run=true", f"paths.log_dir={tmp_outputs}"], capsys)
+    assert code == 0, err[-3000:]
+    assert "test/acc" in out
     runs = list((tmp_outputs / "vit").iterdir())
     assert len(runs) == 1
     assert (runs[0] / ".hydra" / "config.yaml").is_file()

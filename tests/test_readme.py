@@ -166,9 +166,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("readme")
     data = tiny_datasets(root / "data")
     run = root / "outputs" / "vit" / "2025-01-31_12-00-00"
-    result = run_cli(["model=vit", "trainer.max_epochs=1", "+trainer.limit_train_batches=1", "print_config=false",
-                      "trainer.limit_val_batches=1", "logger=csv", "test=false", f"hydra.run.dir={run}"])  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    code, out, err = run_in_process(["model=vit", "trainer.max_epochs=1", "+trainer.limit_train_batches=1",
+                                     "print_config=false", "trainer.limit_val_batches=1", "logger=csv", "test=false",
+                                     f"hydra.run.dir={run}"])  # fmt: skip
+    assert code == 0, (out + err)[-3000:]
     checkpoints = {
         family: as_checkpoint(tiny_model(family), root / f"{family}.ckpt")
         for family in ("gpt", "translation", "rnn_translation", "clip", "sequence_classifier")

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, processors
 from torchvision.io import write_png
 
-from tests.helpers import run_cli
+from tests.helpers import run_in_process
 from zoo.data.captions import (
     CaptionFileDataModule,
     LabelledCaptionDataModule,
@@ -166,9 +166,9 @@ def test_pretrained_huggingface_folder_brings_its_architecture_and_tokenizer(tmp
 
 
 @pytest.mark.slow
-def test_cli_trains_and_tests_clip_on_the_embedded_default(tmp_outputs: Path) -> None:
-    result = run_cli(["model=clip", "trainer.fast_dev_run=true", f"paths.log_dir={tmp_outputs}"])
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_cli_trains_and_tests_clip_on_the_embedded_default(tmp_outputs: Path, capsys) -> None:
+    code, _, err = run_in_process(["model=clip", "trainer.fast_dev_run=true", f"paths.log_dir={tmp_outputs}"], capsys)
+    assert code == 0, err[-3000:]
     run = next((tmp_outputs / "clip").iterdir())
     metrics = json.loads((run / "metrics.json").read_text())
     assert 0.0 <= metrics["test/zero_shot_top1"] <= 1.0 and "test/text_to_image_R@1" in metrics

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import zoo
-from tests.helpers import run_cli
+from tests.helpers import run_in_process
 from zoo.data.text import TextDataModule
 from zoo.data.tokenizers import train_char_tokenizer
 from zoo.errors import CheckpointError
@@ -129,19 +129,21 @@ def test_zoo_load_rejects_other_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cli_trains_then_generates_from_the_checkpoint(corpus: Path, tmp_outputs: Path) -> None:
+def test_cli_trains_then_generates_from_the_checkpoint(corpus: Path, tmp_outputs: Path, capsys) -> None:
     common = ["model=gpt", "data=text", f"data.path={corpus}", f"paths.log_dir={tmp_outputs}", "print_config=false"]
-    result = run_cli(
+    code, out, err = run_in_process(
         common + ["data.block_size=32", "model.net.n_layer=1", "model.net.n_embd=32", "trainer.max_steps=20",
-                  "trainer.val_check_interval=10", "data.eval_batches=2", "model.sample.max_new_tokens=10"]
+                  "trainer.val_check_interval=10", "data.eval_batches=2", "model.sample.max_new_tokens=10"], capsys
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert code == 0, err[-3000:]
     (run,) = (tmp_outputs / "gpt").iterdir()
     checkpoint = run / "checkpoints" / "last.ckpt"
-    assert checkpoint.is_file() and "test/ppl" in result.stdout
-    result = run_cli(common + ["mode=generate", f"ckpt_path={checkpoint}", "prompt=ROMEO:", "max_new_tokens=30"])
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "ROMEO:" in result.stdout
-    result = run_cli(common + ["mode=generate", f"ckpt_path={checkpoint}", "prompt=Zebra"])
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith("error: characters ['Z'] are not in")
+    assert checkpoint.is_file() and "test/ppl" in out
+    code, out, err = run_in_process(
+        common + ["mode=generate", f"ckpt_path={checkpoint}", "prompt=ROMEO:", "max_new_tokens=30"], capsys
+    )
+    assert code == 0, err[-3000:]
+    assert "ROMEO:" in out
+    code, out, err = run_in_process(common + ["mode=generate", f"ckpt_path={checkpoint}", "prompt=Zebra"], capsys)
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith("error: characters ['Z'] are not in")

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import zoo
-from tests.helpers import run_cli
+from tests.helpers import run_in_process
 from zoo.data.parallel_text import ParallelTextDataModule, decode_ids, encode_sources, pad_sequences
 from zoo.models.seq2seq import beam_search
 from zoo.tasks.translation import TranslationTask, corpus_bleu, label_smoothed_cross_entropy
@@ -95,19 +95,26 @@ def test_learns_to_reverse_sequences_to_bleu_above_90(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cli_trains_on_numbers_then_translates_with_the_checkpoint(tmp_outputs: Path) -> None:
+def test_cli_trains_on_numbers_then_translates_with_the_checkpoint(tmp_outputs: Path, capsys) -> None:
     small = [
         "model=translation",
         "data.num_train=600",
         "data.num_val=20",
         "data.num_test=20",
+        # a small network: the test checks the run's outputs and the translate mode, not what it learns
+        "model.net.dim=32",
+        "model.net.num_heads=2",
+        "model.net.mlp_dim=64",
+        "model.net.encoder_layers=1",
+        "model.net.decoder_layers=1",
+        "model.beam_size=2",
         "trainer.max_epochs=1",
         "logger=csv",
         f"paths.log_dir={tmp_outputs}",
         "hydra.run.dir=" + str(tmp_outputs / "train"),
     ]
-    result = run_cli(small)
-    assert result.returncode == 0, result.stderr[-3000:]
+    code, _, err = run_in_process(small, capsys)
+    assert code == 0, err[-3000:]
     metrics = json.loads((tmp_outputs / "train" / "metrics.json").read_text())
     assert 0.0 <= metrics["test/bleu"] <= 100.0 and "test/bleu_greedy" in metrics and "val/bleu" in metrics
     assert list((tmp_outputs / "train" / "alignments").glob("*.png"))
@@ -119,21 +126,22 @@ def test_cli_trains_on_numbers_then_translates_with_the_checkpoint(tmp_outputs: 
         "text=dreihundertvierundzwanzig",
         "hydra.run.dir=" + str(tmp_outputs / "translate"),
     ]
-    result = run_cli(translate)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "dreihundertvierundzwanzig\n  -> " in result.stdout
+    code, out, err = run_in_process(translate, capsys)
+    assert code == 0, err[-3000:]
+    assert "dreihundertvierundzwanzig\n  -> " in out
     assert (tmp_outputs / "translate" / "alignment.png").stat().st_size > 0
-    missing = run_cli(
+    code, _, err = run_in_process(
         [
             "model=translation",
             "mode=translate",
             "ckpt_path=nowhere.ckpt",
             "text=eins",
             "hydra.run.dir=" + str(tmp_outputs / "missing"),
-        ]
+        ],
+        capsys,
     )
-    assert missing.returncode != 0 and "nowhere.ckpt" in missing.stderr
-    assert len(missing.stderr.strip().splitlines()) == 1
+    assert code != 0 and "nowhere.ckpt" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_alignment_axis_labels_are_readable_bpe_pieces(tmp_path: Path) -> None:
