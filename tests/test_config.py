@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helpers import CONF, compose_config, run_in_process
 
@@ -54,17 +55,23 @@ def test_every_group_has_options() -> None:
 def test_config_option_composes(group: str, option: str, tmp_path: Path) -> None:
     overrides = [f"{group}={option}"]
     if group == "data":  # a dataset composes with the model family that reads it
-        target = (CONF / "data" / f"{option}.yaml").read_text()
-        family = {
-            "text": "gpt",
-            "parallel_text": "translation",
-            "captions": "clip",
-            "listops": "sequence_classifier",
-            "sequences": "sequence_classifier",
+        target = yaml.safe_load((CONF / "data" / f"{option}.yaml").read_text())["_target_"]
+        family = {  # the data module's module or class -> what reads it (the default model, vit, reads images)
+            "zoo.data.text.": "model=gpt",
+            "zoo.data.parallel_text.": "model=translation",
+            "zoo.data.captions.": "model=clip",
+            "zoo.data.listops.": "model=sequence_classifier",
+            "zoo.data.sequences.": "model=sequence_classifier",
+            "zoo.data.huggingface.HFText": "model=gpt",
+            "zoo.data.huggingface.HFParallelText": "model=translation",
+            "zoo.data.huggingface.HFCaption": "model=clip",
+            "zoo.data.mqar.": "experiment=mqar",
         }
-        overrides = [f"model={m}" for key, m in family.items() if f"zoo.data.{key}." in target] + overrides
+        overrides = [reader for key, reader in family.items() if target.startswith(key)] + overrides
     if option == "image_folder":  # the user must name the folder and its classes
         overrides += ["data.data_dir=images", "data.num_classes=3"]
+    if option == "hf_images":  # the user must name the dataset's number of classes
+        overrides += ["data.num_classes=3"]
     if group == "data" and option in STREAM_FAMILIES:  # shards: the model reads their sizes from zoo.json
         overrides = [f"model={STREAM_FAMILIES[option]}", *overrides, f"data.data_dir={shards_description(tmp_path)}"]
     cfg = compose_config(overrides, tmp_path)
