@@ -344,3 +344,10 @@ def test_the_notebook_examples_of_using_a_trained_model_run(world) -> None:
             block = block.replace(placeholder, value)
         assert not re.search(r"<[^>]*>", block), f"placeholder without a stand-in: {block}"
         exec(compile(block, "docs/using-a-trained-model.md", "exec"), {})
+
+
+def test_no_command_of_the_pages_reads_the_shared_data_folder() -> None:
+    """The pages' commands run here without ../shared (a fresh machine, CI): data a command needs is named by a
+    placeholder (`<multi30k folder>`) that this file fills with tiny generated data."""
+    shared = [f"{command.page}: {command.line}" for command in COMMANDS if "../shared" in command.line]
+    assert not shared, f"commands reading ../shared (use a placeholder such as <multi30k folder>): {shared}"
