@@ -209,3 +209,31 @@ def test_hydra_full_error_shows_the_traceback(world, capsys, monkeypatch) -> Non
     with pytest.raises(Exception, match="dim must be divisible by num_heads"):
         run_cli(["model.net.dim=30", "model.net.num_heads=4", *QUIET, f"paths.log_dir={world['outputs']}"], capsys)
     assert os.environ["HYDRA_FULL_ERROR"] == "1"
+
+
+def test_a_resolver_nested_in_an_interpolation_reports_its_own_message() -> None:
+    """OmegaConf re-raises a resolver's error once per nesting level (`${r:${d}}`), chained by __context__: the
+    one line is the resolver's message, not "DataError raised while resolving interpolation: ..."; a bug in a
+    resolver keeps OmegaConf's error (and so its traceback)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError
+
+    from zoo.app.reporting import unwrap, user_error_message
+    from zoo.errors import DataError
+
+    def refuse(path: str) -> None:
+        raise DataError(f"data.data_dir={path!r} is not a shards folder")
+
+    def crash(path: str) -> None:
+        raise ZeroDivisionError(path)
+
+    OmegaConf.register_new_resolver("test_refuse", refuse, replace=True)
+    OmegaConf.register_new_resolver("test_crash", crash, replace=True)
+    refusing = OmegaConf.create({"d": "/x", "value": "${test_refuse:${d}}"})
+    with pytest.raises(InterpolationResolutionError) as refused:
+        OmegaConf.to_container(refusing, resolve=True)
+    assert user_error_message(refused.value) == "data.data_dir='/x' is not a shards folder"
+    crashing = OmegaConf.create({"d": "/x", "value": "${test_crash:${d}}"})
+    with pytest.raises(InterpolationResolutionError) as crashed:
+        OmegaConf.to_container(crashing, resolve=True)
+    assert unwrap(crashed.value) is crashed.value

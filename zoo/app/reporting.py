@@ -36,12 +36,14 @@ def unwrap(error: BaseException) -> BaseException:
     from hydra.errors import InstantiationException
     from omegaconf.errors import InterpolationResolutionError
 
-    while error.__cause__ is not None and (
-        isinstance(error, InstantiationException)
-        or (isinstance(error, InterpolationResolutionError) and isinstance(error.__cause__, user_error_types()))
-    ):
+    while error.__cause__ is not None and isinstance(error, InstantiationException):
         error = error.__cause__
-    return error
+    # OmegaConf re-raises a resolver's error inside its own handler, once per nesting level: the user error is at
+    # the end of that chain, by __cause__ or __context__ (a chain that ends in a bug keeps its outer error).
+    inner = error
+    while isinstance(inner, InterpolationResolutionError) and (inner.__cause__ or inner.__context__) is not None:
+        inner = inner.__cause__ or inner.__context__
+    return inner if inner is not error and isinstance(inner, user_error_types()) else error
 
 
 def worker_error_text(text: str) -> str:
