@@ -20,9 +20,11 @@ changes the folder). Rows not run keep their "not run yet" entry on the page.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -185,20 +187,69 @@ def row_overrides(row: str, seed: int, args: argparse.Namespace, run_dir: Path) 
 
 
 def train_row(row: str, seed: int, args: argparse.Namespace) -> dict:
+    """Train one row through run.py (or, with --resume, take the finished run already in its folder) and evaluate
+    its best checkpoint."""
     run_dir = Path(args.runs) / f"{row}_seed{seed}"
     overrides = row_overrides(row, seed, args, run_dir)
-    start = time.perf_counter()
-    env = {**os.environ, "WANDB_MODE": "offline"}
-    done = subprocess.run([sys.executable, str(ROOT / "run.py"), *overrides], cwd=ROOT, env=env, text=True,
-                          capture_output=True)  # fmt: skip
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise RuntimeError(f"row {row} seed {seed} failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    if args.resume and (run_dir / "metrics.json").is_file():
+        wall = logged_wall(run_dir)
+    else:
+        start = time.perf_counter()
+        env = {**os.environ, "WANDB_MODE": "offline"}
+        done = subprocess.run([sys.executable, str(ROOT / "run.py"), *overrides], cwd=ROOT, env=env, text=True,
+                              capture_output=True)  # fmt: skip
+        wall = time.perf_counter() - start
+        if done.returncode != 0:
+            raise RuntimeError(f"row {row} seed {seed} failed:\n{(done.stdout + done.stderr)[-3000:]}")
     metrics = json.loads((run_dir / "metrics.json").read_text())
     checkpoints = sorted((run_dir / "checkpoints").glob("epoch*.ckpt")) or [run_dir / "checkpoints" / "last.ckpt"]
-    record = {"row": row, "seed": seed, "wall_s": wall, "overrides": overrides, "metrics": metrics}
+    record = {"row": row, "seed": seed, "wall_s": wall, "overrides": overrides, "metrics": metrics,
+              "val_curve": val_curve(run_dir)}  # fmt: skip
     record |= evaluate(checkpoints[-1], overrides, args)
     return record
+
+
+LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+\]")
+VAL_LINE = re.compile(r"val samples \(epoch (\d+)\)")
+
+
+def _log_times(run_dir: Path) -> list[tuple[datetime, str]]:
+    times = []
+    for line in (run_dir / "run.log").read_text(errors="replace").splitlines():
+        if found := LOG_TIME.match(line):
+            times.append((datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S"), line))
+    return times
+
+
+def logged_wall(run_dir: Path) -> float:
+    """Seconds from the run's first log line to its metrics.json (fit and test): a finished run's wall time."""
+    first = _log_times(run_dir)[0][0]  # logging writes local time, as timestamp() reads it
+    return (run_dir / "metrics.json").stat().st_mtime - first.timestamp()
+
+
+def val_curve(run_dir: Path) -> list[dict]:
+    """Val BLEU per epoch with the minutes since the run's first log line at which that epoch's validation began
+    (the task logs its sample translations there, once per epoch): training time, not counting the validation
+    that measured it."""
+    times = _log_times(run_dir)
+    if not times:
+        return []
+    started, minutes = times[0][0], {}
+    for when, line in times:
+        if found := VAL_LINE.search(line):
+            minutes[int(found.group(1))] = (when - started).total_seconds() / 60
+    bleu = {}
+    for path in sorted((run_dir / "csv").rglob("metrics.csv")):
+        with path.open() as handle:
+            for entry in csv.DictReader(handle):
+                if entry.get("val/bleu"):
+                    bleu[int(entry["epoch"])] = float(entry["val/bleu"])
+    return [{"epoch": e, "minutes": minutes[e], "val_bleu": bleu[e]} for e in sorted(bleu) if e in minutes]
+
+
+def minutes_to(curve: list[dict], bleu: float) -> float | None:
+    """Training minutes until the val BLEU first reached `bleu` (None: never)."""
+    return next((point["minutes"] for point in curve if point["val_bleu"] >= bleu), None)
 
 
 def evaluate(checkpoint: Path, overrides: list[str], args: argparse.Namespace) -> dict:
@@ -293,18 +344,39 @@ def write_page(results: dict, out: Path, quick: bool) -> Path:
         "",
         "## Training rows (Multi30k de-en, test_2016_flickr)",
         "",
-        "| row | parameters | BLEU beam | BLEU greedy | anchor (greedy) | target | train tokens/s | wall (s) |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    # The yardstick of "wall to the RNN-with-attention's best BLEU": the additive row's best val BLEU (first seed).
+    yardstick = [r for r in results["training"].get("additive", []) if r.get("val_curve")]
+    target_bleu = max(p["val_bleu"] for p in yardstick[0]["val_curve"]) if yardstick else None
+    reach = f"minutes to val BLEU {target_bleu:.1f}" if target_bleu is not None else "minutes to additive's best"
+    lines += [
+        f"| row | parameters | BLEU beam | BLEU greedy | anchor (greedy) | target | best val BLEU | {reach} | "
+        "train tokens/s | wall (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    sources = []
     for row, (label, _) in ROWS.items():
         records = results["training"].get(row, [])
         params = records[0]["parameters"] if records else None
         wall = mean_of(records, "wall_s")
+        curve = records[0].get("val_curve", []) if records else []
+        best = max((p["val_bleu"] for p in curve), default=None)
+        minutes = minutes_to(curve, target_bleu) if curve and target_bleu is not None else None
+        reached = fmt(minutes) if minutes is not None else ("not reached" if curve else "not run yet")
+        mark = ""
+        if records and records[0].get("source"):
+            sources.append(f"{label}: {records[0]['source']}")
+            mark = f" [{len(sources)}]"
         lines.append(
-            f"| {label} | {fmt(params)} | {mean_of(records, 'bleu_beam') or 'not run yet'} | "
+            f"| {label}{mark} | {fmt(params)} | {mean_of(records, 'bleu_beam') or 'not run yet'} | "
             f"{mean_of(records, 'bleu_greedy') or 'not run yet'} | {ANCHORS[row]} | {TARGETS[row]} | "
-            f"{mean_of(records, 'train_tokens_per_s') or 'not run yet'} | {wall or 'not run yet'} |"
+            f"{fmt(best)} | {reached} | {mean_of(records, 'train_tokens_per_s') or 'not run yet'} | "
+            f"{wall or 'not run yet'} |"
         )
+    if target_bleu is not None:
+        lines += ["", f"Minutes: training time until that validation began (from the run's log), the first epoch whose "
+                  f"val BLEU (greedy) reached the additive row's best, {target_bleu:.1f}."]  # fmt: skip
+    lines += ([""] + [f"[{i}] {text}" for i, text in enumerate(sources, 1)]) if sources else []
     lines += ["", "## BLEU by source length (words; beam)", "", "| row | " + " | ".join(BUCKET_NAMES) + " |",
               "|---|" + "---|" * len(BUCKET_NAMES)]  # fmt: skip
     for row, (label, _) in ROWS.items():
@@ -346,6 +418,8 @@ def write_page(results: dict, out: Path, quick: bool) -> Path:
             "entries above that say so are not measured.",
             "",
         ]
+    if results.get("notes"):
+        lines += ["## Notes on these runs", "", *results["notes"], ""]
     page = out / "rnn_vs_transformer.md"
     page.write_text("\n".join(lines) + "\n")
     return page
@@ -426,6 +500,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per length (after one warm-up)")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="a row stops after a step this long")
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data" / "multi30k"))
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="a row whose run folder holds a finished run is evaluated again, not retrained",
+    )
     parser.add_argument("--eval-batch", type=int, default=64)
     parser.add_argument("--out", default=str(ROOT / "experiments" / "results"))
     parser.add_argument("--runs", default=str(ROOT / "outputs" / "rnn_vs_transformer"))

@@ -53,5 +53,34 @@ def test_quick_mode_writes_the_page_the_record_and_the_plots(tmp_path) -> None:
     assert (out / "rnn_vs_transformer_length.png").stat().st_size > 0
     assert (out / "rnn_vs_transformer_steps.png").stat().st_size > 0
     assert json.loads((out / "rnn_vs_transformer.json").read_text())["sweep"]["lengths"] == [4, 8]
+    assert record["val_curve"] and record["val_curve"][0]["minutes"] >= 0.0  # val BLEU per epoch, from the run's log
+    assert "| minutes to val BLEU" in page
+
+    # --resume evaluates the finished run in its folder again instead of training a new one.
+    finished = (tmp_path / "runs" / "additive_seed0" / "metrics.json").stat().st_mtime_ns
+    again = rnn_vs_transformer.main([*args, "--resume"])["training"]["additive"][0]
+    assert (tmp_path / "runs" / "additive_seed0" / "metrics.json").stat().st_mtime_ns == finished
+    assert again["bleu_beam"] == record["bleu_beam"] and again["val_curve"] == record["val_curve"]
+    assert 0.0 < again["wall_s"] < 3600.0  # from the log's first line to metrics.json
     with pytest.raises(SystemExit, match="unknown row 'lstm'; valid choices: fixed, dot, additive, transformer"):
         rnn_vs_transformer.main(["--quick", "--rows", "lstm", "--out", str(out)])
+
+
+def test_the_page_marks_a_row_taken_from_another_page_and_keeps_the_notes(tmp_path) -> None:
+    curve = [{"epoch": 0, "minutes": 5.0, "val_bleu": 10.0}, {"epoch": 1, "minutes": 10.0, "val_bleu": 20.0}]
+    additive = {"parameters": 10, "bleu_beam": 21.0, "bleu_greedy": 20.0, "bleu_beam_by_length": {},
+                "train_tokens_per_s": 5.0, "wall_s": 600.0, "val_curve": curve}  # fmt: skip
+    fixed = additive | {"val_curve": [{"epoch": 0, "minutes": 4.0, "val_bleu": 15.0}]}
+    transformer = additive | {"val_curve": [{"epoch": 0, "minutes": 3.0, "val_bleu": 25.0}], "source": "recipe page"}
+    host = {"cpu": "cpu", "threads": 1, "torch": "2", "date": "today", "load": 0.0}
+    results = {"host": host, "training": {"additive": [additive], "fixed": [fixed], "transformer": [transformer]},
+               "notes": ["- a note kept across rebuilds"]}  # fmt: skip
+    page = rnn_vs_transformer.write_page(results, tmp_path, quick=False).read_text()
+    assert "| minutes to val BLEU 20.0 |" in page
+    assert "| RNN + additive attention | 10 | 21.0 (n=1) | 20.0 (n=1) |" in page and "| 20.0 | 10.0 |" in page
+    assert "| 15.0 | not reached |" in page  # the fixed vector never reached the additive row's best
+    assert "| Transformer (the committed recipe) [1] |" in page
+    assert "[1] Transformer (the committed recipe): recipe page" in page
+    assert "| 25.0 | 3.0 |" in page
+    assert "## Notes on these runs\n\n- a note kept across rebuilds" in page
+    assert rnn_vs_transformer.minutes_to(curve, 15.0) == 10.0 and rnn_vs_transformer.minutes_to(curve, 30.0) is None
