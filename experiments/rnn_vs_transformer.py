@@ -5,6 +5,7 @@ attention) against the Transformer on Multi30k de-en, and time per training step
     python experiments/rnn_vs_transformer.py --rows additive --seeds 0,1,2 --epochs 8
     python experiments/rnn_vs_transformer.py --sweep-only             # step time vs length only (minutes)
     python experiments/rnn_vs_transformer.py --quick                  # tiny data and models (seconds; the tests)
+    python experiments/rnn_vs_transformer.py --no-sweep --resume      # evaluate finished runs again, no training
 
 Rows: fixed (RNN, model.net.attention=null), dot (RNN, attention=full), additive (RNN, attention=additive),
 transformer (experiment=translation_multi30k). Every row trains through `python run.py` on the same data module
@@ -362,7 +363,8 @@ def write_page(results: dict, out: Path, quick: bool) -> Path:
         curve = records[0].get("val_curve", []) if records else []
         best = max((p["val_bleu"] for p in curve), default=None)
         minutes = minutes_to(curve, target_bleu) if curve and target_bleu is not None else None
-        reached = fmt(minutes) if minutes is not None else ("not reached" if curve else "not run yet")
+        absent = "not measured" if records else "not run yet"
+        reached = fmt(minutes) if minutes is not None else ("not reached" if curve else absent)
         mark = ""
         if records and records[0].get("source"):
             sources.append(f"{label}: {records[0]['source']}")
@@ -370,8 +372,7 @@ def write_page(results: dict, out: Path, quick: bool) -> Path:
         lines.append(
             f"| {label}{mark} | {fmt(params)} | {mean_of(records, 'bleu_beam') or 'not run yet'} | "
             f"{mean_of(records, 'bleu_greedy') or 'not run yet'} | {ANCHORS[row]} | {TARGETS[row]} | "
-            f"{fmt(best)} | {reached} | {mean_of(records, 'train_tokens_per_s') or 'not run yet'} | "
-            f"{wall or 'not run yet'} |"
+            f"{fmt(best)} | {reached} | {mean_of(records, 'train_tokens_per_s') or absent} | {wall or absent} |"
         )
     if target_bleu is not None:
         lines += ["", f"Minutes: training time until that validation began (from the run's log), the first epoch whose "
@@ -384,7 +385,7 @@ def write_page(results: dict, out: Path, quick: bool) -> Path:
         cells = []
         for bucket in BUCKET_NAMES:
             scores = [r["bleu_beam_by_length"][bucket]["bleu"] for r in records if bucket in r["bleu_beam_by_length"]]
-            cells.append(f"{statistics.mean(scores):.1f}" if scores else "not run yet")
+            cells.append(f"{statistics.mean(scores):.1f}" if scores else ("not measured" if records else "not run yet"))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if results["training"]:
         lines += ["", "![BLEU by source length](rnn_vs_transformer_length.png)"]
