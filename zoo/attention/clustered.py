@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from zoo.attention.contract import ScoreBias
+from zoo.attention.fast import clustered as fast_clustered
+from zoo.attention.fast import use_fast_kernels
 
 
 def cluster_slots(clusters: torch.Tensor, num_clusters: int, chunk: int) -> tuple[torch.Tensor, int]:
@@ -159,6 +161,9 @@ def clustered_attention(
         key_positions = torch.cat([torch.full_like(query_positions[:, :1], -1), query_positions[:, :-1]], dim=1)
         key_positions = torch.cat([key_positions, query_positions], dim=2)
         mask = mask + _head_bias(bias, query_positions.clamp(min=0), key_positions.clamp(min=0), heads).to(dtype)
+    if use_fast_kernels() and fast_clustered.applies((q, k, v, mask), dropout_p):
+        out, lse = fast_clustered.fused_chunks(queries, keys, values, mask.flatten(0, 1))
+        return _to_tokens(out, lse, has_key, slots, (batch, heads, length, dim), need_lse)
     scale = 1.0 / math.sqrt(dim)
     scores = torch.baddbmm(mask.flatten(0, 1), queries, keys.transpose(1, 2), alpha=scale)  # (N * M, C, 2C)
     probs = torch.softmax(scores, dim=-1)  # one fused pass
@@ -166,14 +171,21 @@ def clustered_attention(
     lse = scores.amax(dim=-1) - probs.amax(dim=-1).log() if need_lse else None
     if dropout_p > 0.0:
         probs = F.dropout(probs, p=dropout_p)
-    out = torch.bmm(probs, values).view(rows, -1, chunk, dim).masked_fill(~has_key[..., None], 0.0)
-    out = out.view(rows * total, dim).index_select(
-        0, (slots + total * torch.arange(rows, device=q.device)[:, None]).flatten()
-    )
+    return _to_tokens(torch.bmm(probs, values), lse, has_key, slots, (batch, heads, length, dim), need_lse)
+
+
+def _to_tokens(out, lse, has_key, slots, shape, need_lse):
+    """The chunks' outputs (N * M, C, D) and log-sum-exps (N * M, C) back in token order: (B, H, n, D), (B, H, n)
+    (zero and -inf where a query has no key)."""
+    batch, heads, length, dim = shape
+    rows = batch * heads
+    total = has_key.shape[1] * has_key.shape[2]
+    out = out.reshape(rows, -1, out.shape[1], dim).masked_fill(~has_key[..., None], 0.0).view(rows * total, dim)
+    out = out.index_select(0, (slots + total * torch.arange(rows, device=out.device)[:, None]).flatten())
     out = out.view(batch, heads, length, dim)
     if not need_lse:
         return out, None
-    lse = lse.view(has_key.shape).masked_fill(~has_key, float("-inf")).view(rows, total)
+    lse = lse.reshape(has_key.shape).masked_fill(~has_key, float("-inf")).view(rows, total)
     return out, lse.gather(1, slots).view(batch, heads, length)
 
 
