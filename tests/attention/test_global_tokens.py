@@ -106,6 +106,24 @@ def test_global_tokens_and_random_keys_match_masked_attention_fp64(name, causal,
         torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window,global_tokens", [(20, 5), (6, 12)])
+def test_local_global_tokens_with_grouped_heads_match_masked_attention(causal, window, global_tokens, monkeypatch):
+    """Grouped key/value heads, no padding (with the switch on: the band merged with the global rows and columns by
+    log-sum-exp, zoo/attention/fast/band.py), global tokens fewer and more than the window."""
+    use_blockwise_path(monkeypatch, True)
+    kernel, length = local_kernel(window, global_tokens), 70
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, length, 8, generator=generator, requires_grad=True)
+    k, v = (torch.randn(2, 2, length, 8, generator=generator, requires_grad=True) for _ in "kv")
+    out, _ = kernel(q, k, v, causal=causal)
+    expected = reference_softmax_attention(q, k, v, expected_mask(kernel, length, causal)[None, None])
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    grad = torch.randn(out.shape, generator=generator)
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", [name for name, _ in KERNELS])
 def test_need_weights_are_zero_outside_the_pattern_and_sum_to_one(name) -> None:
     kernel = dict(KERNELS)[name]()

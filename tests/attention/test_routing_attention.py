@@ -155,3 +155,22 @@ def test_options_are_checked_in_one_line() -> None:
         AttentionConfig(variant="routing", clusters=0)
     with pytest.raises(ValueError, match="max length.*attention.clusters and attention.chunk_size"):
         RoutingAttention().setup(TokenLayout())
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("no_self", [True, False])
+def test_clustered_attention_in_inference_equals_the_masked_formula(causal, no_self) -> None:
+    """Under no_grad (with the switch on: the fused kernel's path, zoo/attention/fast/clustered.py) the chunks give
+    the dense formula's output and log-sum-exp, with padding and uneven clusters."""
+    from zoo.attention.clustered import clustered_attention, dense_clustered_attention
+
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 3, 90, 8, generator=generator) for _ in range(3))
+    clusters = torch.randint(0, 5, (2, 3, 90), generator=generator)
+    padding = random_padding(2, 90, generator, left=causal)
+    options = dict(causal=causal, key_padding_mask=padding, no_self=no_self)
+    with torch.no_grad():
+        out, lse = clustered_attention(q, k, v, clusters, 5, 7, **options)
+        expected, _, expected_lse = dense_clustered_attention(q, k, v, clusters, 5, 7, **options)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, expected_lse, atol=1e-5, rtol=1e-5)

@@ -222,8 +222,9 @@ def _merge(
     weights = torch.exp(stacked - lse)
     out = outs[0].new_zeros(batch, length, heads, dim)
     for index, (layout, part_out) in enumerate(zip(layouts, outs)):
-        weight = weights[index, :, :, layout.start : layout.stop, None].to(part_out.dtype)
-        out[:, layout.start : layout.stop] += (layout.scatter(part_out, batch) * weight).transpose(1, 2)
+        # In the output's (B, n, H, D) order, one fused multiply-add (a transposed temporary costs a copy).
+        weight = weights[index, :, :, layout.start : layout.stop].transpose(1, 2)[..., None].to(part_out.dtype)
+        out[:, layout.start : layout.stop].addcmul_(layout.scatter(part_out, batch).transpose(1, 2), weight)
     return out, lse.masked_fill(~any_key, 0.0)
 
 

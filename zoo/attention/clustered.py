@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from zoo.attention.contract import ScoreBias
+from zoo.attention.fast import clustered as fast_clustered
+from zoo.attention.fast import use_fast_kernels
 
 
 def cluster_slots(clusters: torch.Tensor, num_clusters: int, chunk: int) -> tuple[torch.Tensor, int]:
@@ -109,16 +111,20 @@ def clustered_attention(
     token_at = torch.full((rows, total), -1, dtype=torch.long, device=q.device)
     token_at.scatter_(1, slots, torch.arange(length, device=q.device).expand(rows, length))
     index = token_at.clamp(min=0)
+    # Every row's slots in one flat list of tokens (an index_select of whole vectors: faster than gather), after
+    # one chunk of a zero row, so that each chunk's keys (the previous chunk and its own) are a strided window of
+    # the laid-out keys, not a copy. The first chunk of a row sees the previous row's last chunk there: masked.
+    flat = (index + length * torch.arange(rows, device=q.device)[:, None]).flatten()
+    flat_with_zeros = torch.cat([torch.full((chunk,), rows * length, device=q.device), flat])
 
-    def lay_out(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (N, chunks, chunk, D) by slot
-        x = x.reshape(rows, length, x.shape[-1])
-        return x.gather(1, index[..., None].expand(rows, total, x.shape[-1])).view(rows, -1, chunk, x.shape[-1])
+    def lay_out(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (N * M, C, D) by slot
+        return x.reshape(rows * length, x.shape[-1]).index_select(0, flat).view(-1, chunk, x.shape[-1])
 
-    def with_previous(x: torch.Tensor, fill) -> torch.Tensor:  # (N, M, C, ...) -> (N, M, 2C, ...)
-        previous = torch.cat([torch.full_like(x[:, :1], fill), x[:, :-1]], dim=1)
-        return torch.cat([previous, x], dim=2)
+    def with_previous(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (N * M, 2C, D): previous + own chunk
+        x = F.pad(x.reshape(rows * length, x.shape[-1]), (0, 0, 0, 1))  # row rows * n: zeros
+        return x.index_select(0, flat_with_zeros).unfold(0, 2 * chunk, chunk).transpose(1, 2)
 
-    queries, keys, values = lay_out(q), with_previous(lay_out(k), 0.0), with_previous(lay_out(v), 0.0)
+    queries, keys, values = lay_out(q), with_previous(k), with_previous(v)
     real = (token_at >= 0).view(rows, -1, chunk)  # (N, M, C)
     usable = real
     if key_padding_mask is not None:
@@ -152,20 +158,34 @@ def clustered_attention(
     mask.masked_fill_(~has_key[..., None], 0.0)  # rows without keys: finite scores, zeroed below
     if bias is not None:
         query_positions = token_at.view(rows, -1, chunk)
-        key_positions = with_previous(query_positions, -1)
+        key_positions = torch.cat([torch.full_like(query_positions[:, :1], -1), query_positions[:, :-1]], dim=1)
+        key_positions = torch.cat([key_positions, query_positions], dim=2)
         mask = mask + _head_bias(bias, query_positions.clamp(min=0), key_positions.clamp(min=0), heads).to(dtype)
+    if use_fast_kernels() and fast_clustered.applies((q, k, v, mask), dropout_p):
+        out, lse = fast_clustered.fused_chunks(queries, keys, values, mask.flatten(0, 1))
+        return _to_tokens(out, lse, has_key, slots, (batch, heads, length, dim), need_lse)
     scale = 1.0 / math.sqrt(dim)
-    scores = torch.baddbmm(
-        mask.flatten(0, 1), queries.flatten(0, 1), keys.flatten(0, 1).transpose(1, 2), alpha=scale
-    ).view(mask.shape)  # (N, M, C, 2C)
-    probs = torch.softmax(scores, dim=-1)  # one fused pass; the log-sum-exp apart, only where asked
+    scores = torch.baddbmm(mask.flatten(0, 1), queries, keys.transpose(1, 2), alpha=scale)  # (N * M, C, 2C)
+    probs = torch.softmax(scores, dim=-1)  # one fused pass
+    # The log-sum-exp from it without a second exp pass: at the row's largest score, p = exp(max - lse).
+    lse = scores.amax(dim=-1) - probs.amax(dim=-1).log() if need_lse else None
     if dropout_p > 0.0:
         probs = F.dropout(probs, p=dropout_p)
-    out = (probs @ values).masked_fill(~has_key[..., None], 0.0).view(rows, total, dim)
-    out = out.gather(1, slots[..., None].expand(rows, length, dim)).view(batch, heads, length, dim)
+    return _to_tokens(torch.bmm(probs, values), lse, has_key, slots, (batch, heads, length, dim), need_lse)
+
+
+def _to_tokens(out, lse, has_key, slots, shape, need_lse):
+    """The chunks' outputs (N * M, C, D) and log-sum-exps (N * M, C) back in token order: (B, H, n, D), (B, H, n)
+    (zero and -inf where a query has no key)."""
+    batch, heads, length, dim = shape
+    rows = batch * heads
+    total = has_key.shape[1] * has_key.shape[2]
+    out = out.reshape(rows, -1, out.shape[1], dim).masked_fill(~has_key[..., None], 0.0).view(rows * total, dim)
+    out = out.index_select(0, (slots + total * torch.arange(rows, device=out.device)[:, None]).flatten())
+    out = out.view(batch, heads, length, dim)
     if not need_lse:
         return out, None
-    lse = torch.logsumexp(scores, dim=-1).masked_fill(~has_key, float("-inf")).view(rows, total)
+    lse = lse.reshape(has_key.shape).masked_fill(~has_key, float("-inf")).view(rows, total)
     return out, lse.gather(1, slots).view(batch, heads, length)
 
 

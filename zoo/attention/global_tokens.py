@@ -72,6 +72,11 @@ def _gather_rows(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return picked.view(batch, heads, blocks, count, dim).transpose(1, 2).reshape(batch * blocks, heads, count, dim)
 
 
+def _key_range(start: int, stop: int, x: torch.Tensor) -> torch.Tensor:
+    """The keys start..stop-1 of (B, H, n, D) for a one-block layout: a view, not a gathered copy."""
+    return x[:, :, start:stop]
+
+
 def with_global_and_random_parts(
     parts: list[Part],
     pattern,
@@ -94,12 +99,11 @@ def with_global_and_random_parts(
         every = Rows(0, length, length)  # every query x the g global keys: one block of (n, g)
         to_global = positions[:, None] >= positions[None, :g] if causal else torch.ones(length, g, dtype=torch.bool)
         result.append(Part(every, *select(positions[:g]), to_global[None]))
-        if length > g:  # the g global queries x the other keys: one block of (g, n - g)
-            rest = positions[g:]
-            from_global = (
-                rest[None, :] <= positions[:g, None] if causal else torch.ones(g, length - g, dtype=torch.bool)
-            )
-            result.append(Part(Rows(0, g, g), *select(rest), from_global[None]))
+        if length > g and not causal:  # the g global queries x the other keys: one block of (g, n - g) (causal
+            # attention gives them none: they come before every other key)
+            rest = torch.ones(g, length - g, dtype=torch.bool)
+            gather = functools.partial(_key_range, g, length)
+            result.append(Part(Rows(0, g, g), gather, positions[None, g:], rest[None]))
     if random_table is not None:
         blocks = Rows(0, length, stride)
         query_positions, key_positions = blocks.positions(), random_table  # (blocks, stride), (blocks, r)

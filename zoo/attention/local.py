@@ -19,6 +19,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from zoo.attention import pattern as pattern_kernels
 from zoo.attention.blockwise import DENSE_MAX_LENGTH, blocked_windows
 from zoo.attention.cache import KVCache, RollingKVCache, new_tokens_padding
 from zoo.attention.contract import Kernel, ScoreBias
@@ -259,6 +260,13 @@ class LocalAttention(Kernel):
         bias: ScoreBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.global_tokens:
+            if use_fast_kernels() and self._global_band_applies(q, k, key_padding_mask, dropout_p, need_weights, bias):
+                extent = _band_extent(self.window, causal, q.shape[2])
+                out = fast_band.chunked_band_with_global_tokens(
+                    q, k, v, band, self.window, causal, extent, self.chunk_size or DEFAULT_BLOCK_SIZE,
+                    self.chunk_size, self.global_tokens,
+                )  # fmt: skip
+                return out, None
             return self.global_pattern(
                 q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
                 need_weights=need_weights, bias=bias,
@@ -282,6 +290,20 @@ class LocalAttention(Kernel):
             q, k, v, self.window, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
             need_weights=need_weights, block_size=self.chunk_size, bias=bias, dense=dense,
         )  # fmt: skip
+
+    def _global_band_applies(self, q, k, key_padding_mask, dropout_p, need_weights, bias) -> bool:
+        """Where the band with global tokens takes the fast path (zoo/attention/fast/band.py: the chunked band and
+        the global rows and columns merged by log-sum-exp) instead of the pattern kernels' blocks: where those
+        would run blockwise (self-attention, longer than the pattern kernels' dense threshold), without
+        weights, key padding, dropout or a position bias."""
+        backend = resolve_backend(self.name, self.global_pattern.backend, q, k, dropout_p, bias, need_weights)
+        return (
+            backend == "blockwise"
+            and not need_weights
+            and bias is None
+            and q.shape[2] > pattern_kernels.DENSE_MAX_LENGTH
+            and fast_band.applies(q, key_padding_mask, dropout_p, bias)
+        )
 
     def new_cache(self) -> RollingKVCache | SinkKVCache | KVCache:
         if self.global_tokens:

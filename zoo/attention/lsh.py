@@ -32,7 +32,9 @@ from zoo.errors import check_positive_int
 def lsh_buckets(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     """Angular LSH: x (B, H, n, D), rotations (R, H, D, b / 2) -> buckets (R, B, H, n) = argmax([xR; -xR])."""
     rotated = torch.einsum("bhnd,rhdk->rbhnk", x, rotations.to(x.dtype))
-    return torch.cat([rotated, -rotated], dim=-1).argmax(dim=-1)
+    # argmax over [xR; -xR] without building it: the largest of xR, or the most negative (ties: the first half).
+    largest, smallest = rotated.max(dim=-1), rotated.min(dim=-1)
+    return torch.where(largest.values >= -smallest.values, largest.indices, rotated.shape[-1] + smallest.indices)
 
 
 def combine_rounds(outs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:

@@ -70,6 +70,144 @@ def chunked_band(
     return _ChunkedBand.apply(q, k, v, (forward_masks, masks), left, right, (forward_block, block))
 
 
+def chunked_band_with_global_tokens(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    band: Band,
+    window: int,
+    causal: bool,
+    extent: tuple[int, int],
+    block: int,
+    forward_block: int | None,
+    global_tokens: int,
+) -> torch.Tensor:
+    """The band with Longformer's global tokens (the first g attend to all, all attend to them), q (B, H, n, D)
+    over k, v (B, G, n, D) -> (B, H, n, D), as the chunked band above and two small pieces of the keys outside
+    the band, merged into its softmax by their log-sum-exps (the keys are disjoint, so the result is the one
+    softmax over the union, as blockwise.py's parts):
+
+        columns     the queries g.. over the global keys 0..g-1 outside their band: (n, g)
+        rows        the global queries 0..g-1 over every key outside their band (causal: up to themselves): (g, n)
+    """
+    length = q.shape[2]
+    g = min(global_tokens, length)
+    left, right = extent
+    block = min(block, length)
+    forward_block = min(forward_block or FORWARD_BLOCK_SIZE, length)
+    masks = _chunk_mask_maker(band, length, window, causal, extent, block, None, 0, q.dtype)
+    forward_masks = masks
+    if forward_block != block:
+        forward_masks = _chunk_mask_maker(band, length, window, causal, extent, forward_block, None, 0, q.dtype)
+    outside = functools.partial(_outside_band, band, window, causal)
+    # The band is a function of the distance: it holds key 0 (key g - 1) for a prefix of the queries only. From the
+    # first query whose band misses key 0 on, every query has a global key outside its band; from the first
+    # whose band misses key g - 1 on, all g are outside (no mask).
+    queries = torch.arange(g, length)
+    first = g + int(band(queries, torch.zeros_like(queries), window, causal).sum())
+    clear = g + int(band(queries, torch.full_like(queries, g - 1), window, causal).sum())
+    pieces = [_Piece(first, length, g, outside, q.dtype, clear)]
+    # A global query has a key outside its band where the band misses key 0 (or, bidirectional, key n - 1).
+    global_queries, ends = torch.arange(g), torch.tensor([0, length - 1])
+    missed = ~band(global_queries[:, None], ends[None, :], window, causal)
+    if (missed[:, 0] | (missed[:, 1] & (not causal))).any():
+        pieces.append(_Piece(0, g, length, outside, q.dtype, g))
+    pieces = [piece for piece in pieces if piece.start < piece.stop]
+    return _ChunkedBandWithPieces.apply(q, k, v, (forward_masks, masks), left, right, (forward_block, block), pieces)
+
+
+def _outside_band(band: Band, window: int, causal: bool, query_positions, key_positions) -> torch.Tensor:
+    """Keys outside the query's band (that a global query or key adds), causal: up to the query."""
+    outside = ~band(query_positions, key_positions, window, causal)
+    return outside & (key_positions <= query_positions) if causal else outside
+
+
+class _Piece(NamedTuple):
+    """The queries start..stop-1 over the keys 0..keys-1 where `allowed(query_positions, key_positions)`: every
+    one of them from the query `clear` on."""
+
+    start: int
+    stop: int
+    keys: int
+    allowed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    dtype: torch.dtype
+    clear: int
+
+    def ranges(self, size: int) -> list[tuple[int, int]]:
+        """The queries in ranges of at most `size`, those before `clear` (masked) apart from the others."""
+        bounds = [(self.start, min(self.clear, self.stop)), (max(self.clear, self.start), self.stop)]
+        return [(a, min(a + size, stop)) for start, stop in bounds for a in range(start, stop, size)]
+
+    def mask(self, start: int, stop: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The additive mask (1, 1, stop - start, keys) of the queries start..stop-1, and which have a key (None,
+        None: every key is allowed)."""
+        if start >= self.clear:
+            return None, None
+        allowed = self.allowed(torch.arange(start, stop)[:, None], torch.arange(self.keys)[None, :])
+        return additive_mask(allowed, self.dtype)[None, None], allowed.any(dim=-1)
+
+    def inputs(self, x: torch.Tensor, row: int, heads: int) -> torch.Tensor:
+        """(1, H, keys, D): the piece's keys (or values) of one batch row, each key head repeated for its query
+        heads."""
+        x = x[row : row + 1, :, : self.keys]
+        return x.repeat_interleave(heads // x.shape[1], dim=1) if x.shape[1] != heads else x
+
+
+def _merge_into(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor, has_key):
+    """out (L, H, D) and lse (H, L) in place <- the softmax over their keys and a disjoint part's (part_out
+    (1, H, L, D), part_lse (1, H, L)); rows where the part has no key (has_key (L,) False) keep their own."""
+    part_lse = part_lse[0] if has_key is None else part_lse[0].masked_fill(~has_key, float("-inf"))
+    merged = torch.logaddexp(lse, part_lse)
+    out.mul_(torch.exp(lse - merged).T.contiguous()[..., None])
+    out.addcmul_(part_out[0].transpose(0, 1), torch.exp(part_lse - merged).T.contiguous()[..., None])
+    lse.copy_(merged)
+
+
+class _ChunkedBandWithPieces(torch.autograd.Function):
+    """The chunked band merged with the `pieces` (`_Piece`) by log-sum-exp, FORWARD_CHUNK_QUERIES queries per
+    fused call; the backward runs the band's and each piece's fused backward given the merged output and
+    log-sum-exp, which yields the gradients of the one joint softmax."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, masks, left, right, blocks, pieces):
+        out, lse = _band_forward(q, k, v, masks[0], left, right, *blocks)
+        heads = q.shape[1]
+        for row in range(q.shape[0]):
+            for piece in pieces:
+                keys, values = piece.inputs(k, row, heads), piece.inputs(v, row, heads)
+                for start, stop in piece.ranges(FORWARD_CHUNK_QUERIES):
+                    mask, has_key = piece.mask(start, stop)
+                    o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                        q[row : row + 1, :, start:stop], keys, values, attn_mask=mask
+                    )
+                    _merge_into(out[row, start:stop], lse[row, :, start:stop], o, m, has_key)
+        ctx.masks, ctx.sizes, ctx.pieces = masks[1], (left, right, blocks[1]), pieces
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out.transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        grad_q, grad_k, grad_v = _band_backward(q, k, v, out, lse, grad_out, ctx.masks, *ctx.sizes)
+        (batch, heads, _, _), groups = q.shape, k.shape[1]
+        ranges = [(piece, start, stop) for piece in ctx.pieces for start, stop in piece.ranges(q.shape[2])]
+        for piece, start, stop in ranges:
+            mask, _ = piece.mask(start, stop)
+            for row in range(batch):
+                gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                    grad_out[row : row + 1, :, start:stop], q[row : row + 1, :, start:stop],
+                    piece.inputs(k, row, heads), piece.inputs(v, row, heads),
+                    out[row : row + 1, start:stop].transpose(1, 2), lse[row : row + 1, :, start:stop].contiguous(),
+                    0.0, False, attn_mask=mask,
+                )  # fmt: skip
+                grad_q[row, start:stop] += gq[0].transpose(0, 1)
+                # A key head's gradient sums over the query heads it serves (grouped-query attention).
+                grad_k[row, : piece.keys] += gk[0].unflatten(0, (groups, heads // groups)).sum(1).transpose(0, 1)
+                grad_v[row, : piece.keys] += gv[0].unflatten(0, (groups, heads // groups)).sum(1).transpose(0, 1)
+        grads = grad_q.transpose(1, 2), grad_k.transpose(1, 2), grad_v.transpose(1, 2)
+        return *grads, None, None, None, None, None
+
+
 class _Chunk(NamedTuple):
     """Query blocks first..last-1 (tokens start..stop-1) and their key windows: `keys` rows from `key_start`, each
     block's window `span` long (a block every `block` rows); `masks` makes their additive mask (`mask()`), built
@@ -155,6 +293,64 @@ def _add_window_grads(total: torch.Tensor, grad: torch.Tensor, first: int, block
             rows += grad[:, :, p * block : (p + 1) * block].transpose(1, 2)
 
 
+def _band_forward(q, k, v, masks, left, right, block, backward_block):
+    """The chunked forward: out (B, n, H, D) and each query's log-sum-exp (B, H, n padded to whole backward
+    blocks; the padded slots +inf, so probability 0 in the backward)."""
+    batch, heads, length, dim = q.shape
+    out = q.new_empty(batch, length, heads, dim)
+    lse = q.new_empty(batch, heads, -(-length // backward_block) * backward_block)
+    lse[:, :, length:] = float("inf")
+    chunks = _chunks(length, left, right, block, masks, FORWARD_CHUNK_QUERIES)
+    interior = next((chunk for chunk in chunks if chunk.interior), None)
+    offset = interior.first if interior is not None else 0
+    for row in range(batch):
+        at = _Row(row, block, heads)
+        q_blocks, k_windows, v_windows = at.blocks(q), at.windows(k, interior), at.windows(v, interior)
+        for chunk in chunks:
+            o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                at.queries(q, q_blocks, chunk), at.chunk_windows(k, k_windows, offset, chunk),
+                at.chunk_windows(v, v_windows, offset, chunk), attn_mask=chunk.mask(),
+            )  # fmt: skip
+            tokens = chunk.stop - chunk.start
+            out[row, chunk.start : chunk.stop] = o.transpose(1, 2).reshape(-1, heads, dim)[:tokens]
+            lse[row, :, chunk.start : chunk.stop] = m.transpose(0, 1).reshape(heads, -1)[:, :tokens]
+    return out, lse
+
+
+def _band_backward(q, k, v, out, lse, grad_out, masks, left, right, block):
+    """The chunked backward given the output (B, n, H, D) and log-sum-exp of the whole softmax (the band's own, or
+    merged with other keys': then these are the band's share of the joint softmax's gradients) -> the gradients of
+    q (B, n, H, D), k and v (B, n, G, D)."""
+    batch, heads, length, dim = q.shape
+    groups = k.shape[1]
+    grad_q = q.new_empty(batch, length, heads, dim)
+    grad_k, grad_v = k.new_zeros(batch, length, groups, dim), v.new_zeros(batch, length, groups, dim)
+    out, grad_q_heads = out.transpose(1, 2), grad_q.transpose(1, 2)
+    chunks = _chunks(length, left, right, block, masks, CHUNK_QUERIES)
+    interior = next((chunk for chunk in chunks if chunk.interior), None)
+    offset = interior.first if interior is not None else 0
+    for row in range(batch):
+        at = _Row(row, block, heads)
+        q_blocks, grad_blocks, out_blocks, grad_q_blocks = map(at.blocks, (q, grad_out, out, grad_q_heads))
+        k_windows, v_windows = at.windows(k, interior), at.windows(v, interior)
+        lse_blocks = lse[row].unflatten(1, (-1, block)).transpose(0, 1)  # (blocks, H, block), a view
+        for chunk in chunks:
+            gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                at.queries(grad_out, grad_blocks, chunk), at.queries(q, q_blocks, chunk),
+                at.chunk_windows(k, k_windows, offset, chunk), at.chunk_windows(v, v_windows, offset, chunk),
+                at.queries(out, out_blocks, chunk), lse_blocks[chunk.first : chunk.last].contiguous(), 0.0, False,
+                attn_mask=chunk.mask(),
+            )  # fmt: skip
+            if chunk.last <= grad_q_blocks.shape[0]:
+                grad_q_blocks[chunk.first : chunk.last] = gq
+            else:  # the partial last block
+                grad_q_heads[row, :, chunk.start : chunk.stop] = gq[0, :, : chunk.stop - chunk.start]
+            _add_window_grads(grad_k[row], gk, chunk.key_start, block)
+            _add_window_grads(grad_v[row], gv, chunk.key_start, block)
+            del gq, gk, gv  # before the next chunk's are allocated: the peak holds one chunk's, not two
+    return grad_q, grad_k, grad_v
+
+
 class _ChunkedBand(torch.autograd.Function):
     """The blockwise band on the fused CPU kernel, a chunk of queries of one sequence per call (FORWARD_CHUNK_QUERIES
     in the forward, CHUNK_QUERIES in the backward); the backward rebuilds each chunk's key windows and folds their
@@ -165,60 +361,15 @@ class _ChunkedBand(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, masks, left, right, blocks):
-        batch, heads, length, dim = q.shape
-        (block, backward_block), (forward_masks, _) = blocks, masks
-        out = q.new_empty(batch, length, heads, dim)
-        lse = q.new_empty(batch, heads, -(-length // backward_block) * backward_block)
-        # The backward's padded query slots: log-sum-exp +inf, so probability 0 (their gradients are dropped).
-        lse[:, :, length:] = float("inf")
-        chunks = _chunks(length, left, right, block, forward_masks, FORWARD_CHUNK_QUERIES)
-        interior = next((chunk for chunk in chunks if chunk.interior), None)
-        offset = interior.first if interior is not None else 0
-        for row in range(batch):
-            at = _Row(row, block, heads)
-            q_blocks, k_windows, v_windows = at.blocks(q), at.windows(k, interior), at.windows(v, interior)
-            for chunk in chunks:
-                o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    at.queries(q, q_blocks, chunk), at.chunk_windows(k, k_windows, offset, chunk),
-                    at.chunk_windows(v, v_windows, offset, chunk), attn_mask=chunk.mask(),
-                )  # fmt: skip
-                tokens = chunk.stop - chunk.start
-                out[row, chunk.start : chunk.stop] = o.transpose(1, 2).reshape(-1, heads, dim)[:tokens]
-                lse[row, :, chunk.start : chunk.stop] = m.transpose(0, 1).reshape(heads, -1)[:, :tokens]
-        ctx.masks, ctx.sizes = masks[1], (left, right, backward_block)
+        out, lse = _band_forward(q, k, v, masks[0], left, right, *blocks)
+        ctx.masks, ctx.sizes = masks[1], (left, right, blocks[1])
         ctx.save_for_backward(q, k, v, out, lse)
         return out.transpose(1, 2)
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        (left, right, block), (batch, heads, length, dim) = ctx.sizes, q.shape
-        groups = k.shape[1]
-        grad_q = q.new_empty(batch, length, heads, dim)
-        grad_k, grad_v = k.new_zeros(batch, length, groups, dim), v.new_zeros(batch, length, groups, dim)
-        out, grad_q_heads = out.transpose(1, 2), grad_q.transpose(1, 2)
-        chunks = _chunks(length, left, right, block, ctx.masks, CHUNK_QUERIES)
-        interior = next((chunk for chunk in chunks if chunk.interior), None)
-        offset = interior.first if interior is not None else 0
-        for row in range(batch):
-            at = _Row(row, block, heads)
-            q_blocks, grad_blocks, out_blocks, grad_q_blocks = map(at.blocks, (q, grad_out, out, grad_q_heads))
-            k_windows, v_windows = at.windows(k, interior), at.windows(v, interior)
-            lse_blocks = lse[row].unflatten(1, (-1, block)).transpose(0, 1)  # (blocks, H, block), a view
-            for chunk in chunks:
-                gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                    at.queries(grad_out, grad_blocks, chunk), at.queries(q, q_blocks, chunk),
-                    at.chunk_windows(k, k_windows, offset, chunk), at.chunk_windows(v, v_windows, offset, chunk),
-                    at.queries(out, out_blocks, chunk), lse_blocks[chunk.first : chunk.last].contiguous(), 0.0, False,
-                    attn_mask=chunk.mask(),
-                )  # fmt: skip
-                if chunk.last <= grad_q_blocks.shape[0]:
-                    grad_q_blocks[chunk.first : chunk.last] = gq
-                else:  # the partial last block
-                    grad_q_heads[row, :, chunk.start : chunk.stop] = gq[0, :, : chunk.stop - chunk.start]
-                _add_window_grads(grad_k[row], gk, chunk.key_start, block)
-                _add_window_grads(grad_v[row], gv, chunk.key_start, block)
-                del gq, gk, gv  # before the next chunk's are allocated: the peak holds one chunk's, not two
+        grad_q, grad_k, grad_v = _band_backward(q, k, v, out, lse, grad_out, ctx.masks, *ctx.sizes)
         return grad_q.transpose(1, 2), grad_k.transpose(1, 2), grad_v.transpose(1, 2), None, None, None, None
 
 
