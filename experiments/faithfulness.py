@@ -414,7 +414,9 @@ def main() -> None:
         runs = {name: (name, None) for name in args.models or QUICK_MODELS}
         quick = quick_models(list(runs), args.fashion_dir)
     else:
-        runs = {f"{name}_s{seed}": (name, seed) for seed in args.seeds for name in args.models or MODELS}
+        # runs trained here say so in their name (vit_full_short800_s0), beside the recipe's (vit_full_s0)
+        trained_here = f"_short{args.short}" if args.short else ""
+        runs = {f"{name}{trained_here}_s{seed}": (name, seed) for seed in args.seeds for name in args.models or MODELS}
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {"images": args.images, "steps": args.steps, "fractions": FRACTIONS.tolist(), "removed": "mean pixel",
                 "short": args.short, "short_overrides": SHORT_OVERRIDES if args.short else {},
