@@ -1,23 +1,27 @@
 """Is attention an explanation? Deletion / insertion perturbation curves (Petsiuk et al. 2018; Chefer et al. 2021's
-positive / negative perturbation) of zoo's attribution methods (zoo/explain.py) on the digits models: the area
-under each curve per method and model, bootstrap 95% intervals over images, and a plot of the curves.
+positive / negative perturbation) of zoo's attribution methods (zoo/explain.py) on the digits and Fashion-MNIST
+models: the area under each curve per method and model, bootstrap 95% intervals over images, and a plot of the curves.
 
     python experiments/faithfulness.py                      # trains what is missing (python run.py ...), measures
     python experiments/faithfulness.py --models vit_full vit_local --seeds 0 1
     python experiments/faithfulness.py --short 400 --models vit_full vit_local   # trained here, 400 batches
+    python experiments/faithfulness.py --short 1000 --models fashion_vit_full --fashion-dir <fashion-mnist folder>
     python experiments/faithfulness.py --quick --out /tmp/f # seconds: tiny untrained models, 8 images (a smoke run)
 
-Removing a token = replacing its pixels by the training data's mean pixel value (digits: 0.3 of full scale, which
-is 0 after normalisation; for the pixel-sequence classifier, the token of that value). The target is the class the
-model predicts for the intact image (CLIP: its zero-shot class over the prompt-ensembled class names); a curve is
-that class's softmax probability with 0, 10, ..., 100% of the tokens removed in the method's order, most relevant
-first (deletion: lower AUC = more faithful), or inserted in that order into the all-mean image (insertion: higher
-AUC = more faithful). Results: <out>/faithfulness.json and faithfulness.png; the table is printed as Markdown.
+Removing a token = replacing its pixels by the training data's mean pixel value (digits: 0.3 of full scale,
+Fashion-MNIST: 0.286; 0 after normalisation; for the pixel-sequence classifier, the token of that value). The
+target is the class the model predicts for the intact image (CLIP: its zero-shot class over the prompt-ensembled
+class names); a curve is that class's softmax probability with 0, 10, ..., 100% of the tokens removed in the
+method's order, most relevant first (deletion: lower AUC = more faithful), or inserted in that order into the
+all-mean image (insertion: higher AUC = more faithful). Models named fashion_* read Fashion-MNIST (--fashion-dir:
+its four idx files), the others scikit-learn's digits. Results: <out>/faithfulness.json and faithfulness.png; the
+table is printed as Markdown.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -27,20 +31,25 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import get_class
 from matplotlib.figure import Figure
+from omegaconf import DictConfig, OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from zoo.data.captions import encode_captions, fill_templates  # noqa: E402
-from zoo.data.images import DigitsDataModule  # noqa: E402
+from zoo.data.images import DigitsDataModule, FashionMNISTDataModule, ImageClassificationDataModule  # noqa: E402
+from zoo.data.preprocessing import ImagePreprocessing  # noqa: E402
 from zoo.explain import METHODS, Subject, attribute, subject_of  # noqa: E402
-from zoo.export import family_of, load  # noqa: E402
+from zoo.export import FAMILIES, family_of, load  # noqa: E402
 from zoo.tasks.clip_evaluation import zero_shot_classifier  # noqa: E402
 
 FRACTIONS = np.linspace(0.0, 1.0, 11)  # 10% steps
 # name -> the training command's overrides (the committed recipes: the main job `python run.py model=vit`, its
-# attention variants, CLIP's digits recipe, the pixel-sequence classifier's digits default)
+# attention variants, CLIP's digits recipe, the pixel-sequence classifier's digits default, the Fashion-MNIST ViT)
 MODELS = {
     "vit_full": ["model=vit", "attention=full"],
     "vit_local": ["model=vit", "attention=local"],
@@ -48,7 +57,15 @@ MODELS = {
     "vit_axial": ["model=vit", "attention=axial"],
     "clip_full": ["model=clip"],
     "seq_full": ["model=sequence_classifier", "attention=full"],
+    "fashion_vit_full": ["experiment=vit_fashion_mnist", "attention=full"],
+    "fashion_vit_local": ["experiment=vit_fashion_mnist", "attention=local"],
+    "fashion_vit_linear": ["experiment=vit_fashion_mnist", "attention=linear"],
+    "fashion_vit_axial": ["experiment=vit_fashion_mnist", "attention=axial"],
 }
+# --short only: the recipes' local window (256) covers every token of these images, which makes local attention full
+# attention; a window of one patch row either way (digits: 4 x 4 patches, Fashion-MNIST: 7 x 7) keeps it local
+SHORT_OVERRIDES = {"vit_local": ["attention.window=8"], "fashion_vit_local": ["attention.window=14"]}
+FASHION_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
 QUIET = ["print_config=false", "logger=csv", "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 
 
@@ -162,61 +179,89 @@ def measure(probe: Probe, pixels: torch.Tensor, steps: int, batch: int = 50) -> 
 
 
 # -- models ---------------------------------------------------------------------------------------------------
-def trained(name: str, seed: int, work: Path) -> Path:
+def dataset_of(name: str) -> str:
+    return "fashion" if name.startswith("fashion") else "digits"
+
+
+def image_data(name: str, fashion_dir: str) -> ImageClassificationDataModule:
+    """The images MODELS[name] reads: Fashion-MNIST's idx files in fashion_dir, or scikit-learn's digits split as
+    the recipes split them (the 360 test images)."""
+    if dataset_of(name) == "fashion":
+        return FashionMNISTDataModule(data_dir=fashion_dir, download=False)
+    return DigitsDataModule()
+
+
+@functools.cache
+def splits(dataset: str, fashion_dir: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(train images, train labels, test images, test labels) of a dataset, uint8 images: read once per run."""
+    return image_data(dataset, fashion_dir).load()
+
+
+def trained(name: str, seed: int, work: Path, fashion_dir: str) -> Path:
     """The checkpoint of MODELS[name] at `seed` under `work`, trained with run.py first if missing."""
     run_dir = work / f"{name}_s{seed}"
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
     if not checkpoint.is_file():
-        command = [sys.executable, "run.py", *MODELS[name], f"seed={seed}", *QUIET, f"hydra.run.dir={run_dir}"]
+        data = [f"data.data_dir={fashion_dir}"] if dataset_of(name) == "fashion" else []
+        command = [sys.executable, "run.py", *MODELS[name], *data, f"seed={seed}", *QUIET, f"hydra.run.dir={run_dir}"]
         print("training:", " ".join(command[1:]), flush=True)
         subprocess.run(command, cwd=ROOT, check=True)
     return checkpoint
 
 
-def short_trained(name: str, seed: int, steps: int, work: Path) -> torch.nn.Module:
-    """MODELS[name]'s network (conf/model's architecture and attention) trained here for `steps` batches of 64
-    digits without Lightning: AdamW at the recipe's learning rate and weight decay, 10% warmup then cosine,
-    label smoothing 0.1, no MixUp. For machines too busy for the recipe itself; the checkpoint-free weights are
-    kept in <work>/<name>_s<seed>_short<steps>.pt."""
-    from zoo.data.preprocessing import ImagePreprocessing
-    from zoo.models.sequence_classifier import SequenceClassifier, SequenceClassifierConfig
-    from zoo.models.vit import ViT, ViTConfig
+def recipe(name: str, overrides: list[str]) -> DictConfig:
+    """The config `python run.py <MODELS[name]> <overrides>` composes (not resolved)."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            return compose("config", overrides=[*MODELS[name], *overrides])
+    finally:
+        GlobalHydra.instance().clear()
 
-    # local: window 8 (4 tokens each side: a patch row either way); the recipe's 256 covers 17 tokens whole
-    variants = {"full": {}, "local": {"window": 8}, "linear": {},
-                "axial": {}}  # fmt: skip
-    variant = name.split("_", 1)[1]
-    attention = {"variant": variant, **variants[variant]}
-    torch.manual_seed(seed)
-    digits = ImagePreprocessing(8, 1, DigitsDataModule.mean, DigitsDataModule.std, DigitsDataModule.classes)
-    if name.startswith("vit"):
-        model = ViT(
-            ViTConfig(dim=64, depth=4, num_heads=4, mlp_dim=128, dropout=0.1, drop_path=0.1, attention=attention)
+
+def network(name: str, overrides: list[str], fashion_dir: str) -> tuple[torch.nn.Module, DictConfig]:
+    """MODELS[name]'s network as its recipe (plus overrides) builds it, untrained, with the preprocessing of its
+    data attached; and the recipe. The ViTs and the pixel-sequence classifier only (CLIP trains on captions)."""
+    cfg = recipe(name, overrides)
+    family = get_class(cfg.model._target_).family
+    if family not in ("vit", "sequence_classifier"):
+        built = [model for model in MODELS if not model.startswith("clip")]
+        raise ValueError(f"--short and --quick build {' | '.join(built)} here, not {name!r} (run.py trains it)")
+    net, config_class = FAMILIES[family]
+    model = net(config_class.from_dict(OmegaConf.to_container(cfg.model.net, resolve=True)))
+    model.preprocessing = None
+    if family == "vit":
+        data = image_data(name, fashion_dir)
+        model.preprocessing = ImagePreprocessing(
+            cfg.data.image_size, cfg.data.in_channels, data.mean, data.std, tuple(data.classes)
         )
-        model.preprocessing, lr, weight_decay = digits, 2e-3, 0.1
-    elif name.startswith("seq"):
-        config = SequenceClassifierConfig(vocab_size=256, max_length=64, num_classes=10, dim=64, depth=2, num_heads=4,
-                                          mlp_dim=128, dropout=0.1, attention=attention)  # fmt: skip
-        model, lr, weight_decay = SequenceClassifier(config), 1e-3, 0.05
-        model.preprocessing = None
-    else:
-        raise ValueError(f"--short trains the ViTs and the pixel-sequence classifier here, not {name!r}")
     model.settings = {}
+    return model, cfg
+
+
+def short_trained(name: str, seed: int, steps: int, work: Path, fashion_dir: str) -> torch.nn.Module:
+    """MODELS[name]'s network (its recipe's architecture and attention, SHORT_OVERRIDES applied) trained here for
+    `steps` batches of the recipe's batch size without Lightning: AdamW at the recipe's learning rate and weight
+    decay, the recipe's warmup share then cosine, label smoothing 0.1, no augmentation, no MixUp. For machines too
+    busy for the recipe itself; the checkpoint-free weights are kept in <work>/<name>_s<seed>_short<steps>.pt."""
+    torch.manual_seed(seed)
+    model, cfg = network(name, SHORT_OVERRIDES.get(name, []), fashion_dir)
     path = work / f"{name}_s{seed}_short{steps}.pt"
     if path.is_file():
         model.load_state_dict(torch.load(path, weights_only=True))
         return model.eval()
-    images, labels, _, _ = DigitsDataModule().load()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    warmup = max(1, steps // 10)
+    images, labels, _, _ = splits(dataset_of(name), fashion_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.model.optimizer.lr,
+                                  weight_decay=cfg.model.optimizer.weight_decay)  # fmt: skip
+    warmup = max(1, int(steps * cfg.model.scheduler.warmup_ratio))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + np.cos(np.pi * (s - warmup) / steps))
     )
     generator = torch.Generator().manual_seed(seed)
     model.train()
     for _ in range(steps):
-        batch = torch.randint(0, len(images), (64,), generator=generator)
-        logits = model(model_inputs(family_of(model), digits, images[batch]))
+        batch = torch.randint(0, len(images), (cfg.data.batch_size,), generator=generator)
+        logits = model(model_inputs(family_of(model), model.preprocessing, images[batch]))
         loss = torch.nn.functional.cross_entropy(logits, labels[batch], label_smoothing=0.1)
         optimizer.zero_grad()
         loss.backward()
@@ -227,40 +272,37 @@ def short_trained(name: str, seed: int, steps: int, work: Path) -> torch.nn.Modu
     return model.eval()
 
 
-def accuracy(model: torch.nn.Module) -> float:
-    """Test accuracy on the whole digits test split (CLIP: zero-shot)."""
+def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, batch: int = 500) -> float:
+    """Accuracy on a whole test split (CLIP: zero-shot)."""
     probe = Probe(model)
-    _, _, images, labels = DigitsDataModule().load()
     with torch.no_grad():
-        predicted = probe.subject.score(probe.inputs(images)).argmax(dim=-1)
-    return float((predicted == labels).float().mean())
+        predicted = [
+            probe.subject.score(probe.inputs(images[i : i + batch])).argmax(-1) for i in range(0, len(images), batch)
+        ]
+    return float((torch.cat(predicted) == labels).float().mean())
 
 
-def quick_models() -> dict[str, torch.nn.Module]:
-    """Untrained tiny digits models (the smoke run): a ViT with full and with local attention, a pixel classifier."""
-    from zoo.data.preprocessing import ImagePreprocessing
-    from zoo.models.sequence_classifier import SequenceClassifier, SequenceClassifierConfig
-    from zoo.models.vit import ViT, ViTConfig
+# the smoke run's untrained tiny networks (the recipes' layouts, narrower and shallower; local: window 4)
+QUICK_OVERRIDES = ["model.net.dim=16", "model.net.depth=2", "model.net.num_heads=2", "model.net.mlp_dim=32"]
+QUICK_MODELS = ["vit_full", "vit_local", "seq_full"]
 
+
+def quick_models(names: list[str], fashion_dir: str) -> dict[str, torch.nn.Module]:
+    """Untrained tiny versions of MODELS' networks (the smoke run), their heads scaled up so that the predicted
+    class's probability moves."""
     torch.manual_seed(0)
-    digits = ImagePreprocessing(8, 1, DigitsDataModule.mean, DigitsDataModule.std, DigitsDataModule.classes)
     models = {}
-    for variant, options in (("full", {}), ("local", {"window": 4})):
-        vit = ViT(ViTConfig(dim=16, depth=2, num_heads=2, mlp_dim=32, attention={"variant": variant, **options}))
-        torch.nn.init.normal_(vit.head.weight, std=0.5)
-        vit.preprocessing, vit.settings = digits, {}
-        models[f"vit_{variant}"] = vit
-    config = SequenceClassifierConfig(vocab_size=256, max_length=64, num_classes=10, dim=16, depth=1, num_heads=2)
-    pixels = SequenceClassifier(config)
-    torch.nn.init.normal_(pixels.head.weight, std=0.5)
-    pixels.preprocessing, pixels.settings = None, {}
-    models["seq_full"] = pixels
+    for name in names:
+        window = ["attention.window=4"] if name.endswith("local") else []
+        model, _ = network(name, QUICK_OVERRIDES + window, fashion_dir)
+        torch.nn.init.normal_(model.head.weight, std=0.5)
+        models[name] = model
     return models
 
 
-def test_images(count: int) -> torch.Tensor:
-    """`count` images of the digits test split (the 360 every model above is tested on), a fixed random subset."""
-    _, _, images, _ = DigitsDataModule().load()
+def test_images(images: torch.Tensor, count: int) -> torch.Tensor:
+    """`count` images of a test split (digits: the 360 every digits model above is tested on), a fixed random
+    subset."""
     chosen = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:count]
     return images[chosen.sort().values]
 
@@ -344,7 +386,9 @@ def example_figure(probe: Probe, image: torch.Tensor, results: dict, path: Path,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument(
+        "--models", nargs="+", choices=list(MODELS), help="default: all (--quick: vit_full vit_local seq_full)"
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--images", type=int, default=200, help="test images per model")
     parser.add_argument("--steps", type=int, default=32, help="integrated gradients' points on the path")
@@ -353,6 +397,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="untrained tiny models, 8 images, 4 steps")
     parser.add_argument("--merge", nargs="+", type=Path, help="faithfulness.json files: combine, do not measure")
     parser.add_argument("--short", type=int, default=0, help="train here for this many batches, not with run.py")
+    parser.add_argument("--fashion-dir", default=FASHION_DIR, help="Fashion-MNIST's four idx files (fashion_* models)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # a shared machine; the batches here are small
     if args.merge:
@@ -364,28 +409,37 @@ def main() -> None:
         plot(results, args.out / "faithfulness.png")
         print(table(results), seed_summary(results), sep="\n\n")
         return
-    runs = [(name, seed) for seed in args.seeds for name in args.models]
     if args.quick:
-        models = quick_models()
         args.images, args.steps = 8, 4
-    elif args.short:
-        models = {f"{name}_s{seed}": short_trained(name, seed, args.short, args.work) for name, seed in runs}
+        runs = {name: (name, None) for name in args.models or QUICK_MODELS}
+        quick = quick_models(list(runs), args.fashion_dir)
     else:
-        models = {f"{name}_s{seed}": load(trained(name, seed, args.work)) for name, seed in runs}
-    pixels = test_images(args.images)
-    results = {}
-    accuracies = {}
-    for run, model in models.items():
-        accuracies[run] = accuracy(model)
-        print(f"{run}: test accuracy {accuracies[run]:.4f}; {args.images} test images", flush=True)
-        results[run] = measure(Probe(model), pixels, args.steps)
+        # runs trained here say so in their name (vit_full_short800_s0), beside the recipe's (vit_full_s0)
+        trained_here = f"_short{args.short}" if args.short else ""
+        runs = {f"{name}{trained_here}_s{seed}": (name, seed) for seed in args.seeds for name in args.models or MODELS}
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {"images": args.images, "steps": args.steps, "fractions": FRACTIONS.tolist(), "removed": "mean pixel",
-                "short": args.short, "accuracy": accuracies}  # fmt: skip
-    (args.out / "faithfulness.json").write_text(json.dumps({"settings": settings, "results": results}, indent=1))
+                "short": args.short, "short_overrides": SHORT_OVERRIDES if args.short else {},
+                "accuracy": {}}  # fmt: skip
+    results, first = {}, None
+    for run, (name, seed) in runs.items():  # one at a time, the JSON rewritten after each: a long run keeps its part
+        if args.quick:
+            model = quick[name]
+        elif args.short:
+            model = short_trained(name, seed, args.short, args.work, args.fashion_dir)
+        else:
+            model = load(trained(name, seed, args.work, args.fashion_dir))
+        _, _, images, labels = splits(dataset_of(name), args.fashion_dir)
+        settings["accuracy"][run] = accuracy(model, images, labels)
+        print(f"{run}: test accuracy {settings['accuracy'][run]:.4f} ({len(images)} test images); "
+              f"{args.images} measured", flush=True)  # fmt: skip
+        pixels = test_images(images, args.images)
+        results[run] = measure(Probe(model), pixels, args.steps)
+        (args.out / "faithfulness.json").write_text(json.dumps({"settings": settings, "results": results}, indent=1))
+        first = first or (model, pixels[0], run)
     plot(results, args.out / "faithfulness.png")
-    first = next(iter(models))
-    example_figure(Probe(models[first]), pixels[0], results[first], args.out / "faithfulness_example.png", args.steps)
+    model, image, run = first
+    example_figure(Probe(model), image, results[run], args.out / "faithfulness_example.png", args.steps)
     print(table(results))
     print(f"wrote {args.out / 'faithfulness.json'} and {args.out / 'faithfulness.png'}")
 

@@ -15,8 +15,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
-from faithfulness import FRACTIONS, area, bootstrap_interval, perturbation_curves  # noqa: E402
+from faithfulness import FRACTIONS, area, bootstrap_interval, network, perturbation_curves, short_trained  # noqa: E402
 
+from tests.helpers import tiny_fashion_mnist  # noqa: E402
 from zoo.explain import METHODS  # noqa: E402
 
 KNOWN = 5  # of 16 tokens, one pixel each on a 4 x 4 image
@@ -56,15 +57,32 @@ def test_the_bootstrap_interval_holds_the_mean_and_narrows_with_more_images() ->
     assert bootstrap_interval(np.full(10, 0.3)) == pytest.approx((0.3, 0.3))
 
 
+def test_short_training_builds_the_fashion_recipes_network_and_keeps_its_weights(tmp_path: Path) -> None:
+    fashion = tiny_fashion_mnist(tmp_path / "fashion-mnist", train=40, test=10)
+    model = short_trained("fashion_vit_full", 0, 2, tmp_path / "work", str(fashion))
+    # conf/experiment/vit_fashion_mnist.yaml's network on 28 x 28 images: the convolutional stem, 7 x 7 patches
+    assert (model.config.image_size, model.config.patch_size, model.config.stem) == (28, 4, "conv")
+    assert model.preprocessing.mean == (0.2860,) and model.preprocessing.classes[0] == "T-shirt/top"
+    again = short_trained("fashion_vit_full", 0, 2, tmp_path / "work", str(fashion))  # read back, not retrained
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    local, _ = network("fashion_vit_local", ["attention.window=14"], str(fashion))
+    assert local.config.attention.variant == "local" and local.config.attention.options["window"] == 14
+    with pytest.raises(ValueError, match=r"build vit_full \| .* not 'clip_full'"):
+        network("clip_full", [], str(fashion))
+
+
 @pytest.mark.slow
 def test_the_quick_run_measures_every_method_on_every_model_and_plots(tmp_path: Path) -> None:
+    fashion = tiny_fashion_mnist(tmp_path / "fashion-mnist", train=20, test=20)  # generated: no dataset needed
+    models = ["vit_full", "vit_local", "seq_full", "fashion_vit_full"]
     done = subprocess.run(
-        [sys.executable, "experiments/faithfulness.py", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "experiments/faithfulness.py", "--quick", "--out", str(tmp_path), "--models", *models,
+         "--fashion-dir", str(fashion)],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "faithfulness.json").read_text())["results"]
-    assert set(results) == {"vit_full", "vit_local", "seq_full"}
+    assert set(results) == set(models)
     for methods in results.values():
         assert set(methods) == set(METHODS)
         for row in methods.values():
