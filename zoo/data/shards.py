@@ -316,11 +316,21 @@ def streaming_loader_class() -> type:
     epoch and never hands the loader the saved state; and it ends an epoch by counting batches, without exhausting
     litdata's generator, whose `restore` flag then replays the restored position's tail as the next epoch. So the
     data module carries the position in its own checkpoint entry (ShardsDataModule.state_dict, restored before the
-    loader is built), and a state given to `load_state_dict` serves the next iteration and no other."""
+    loader is built), and a state given to `load_state_dict` serves the next iteration and no other.
+
+    Each iteration draws the workers' base seed from a generator of the loader's own, seeded by (seed, epoch),
+    not from torch's global one (as a DataLoader does by default, when it builds its iterator at the first batch):
+    reading shards then takes nothing from the generators whose states travel in the checkpoint
+    (zoo.training.callbacks.ResumeState), so a run resumed mid-epoch draws the uninterrupted run's dropout masks,
+    MixUp shares and augmentations, and its workers get the uninterrupted run's seeds."""
     from litdata import StreamingDataLoader
 
     class Loader(StreamingDataLoader):
         pending: dict[str, Any] | None = None
+
+        def __init__(self, *args: Any, seed: int = 0, **kwargs: Any) -> None:
+            super().__init__(*args, generator=torch.Generator(), **kwargs)
+            self.seed = seed
 
         def load_state_dict(self, obj: dict[str, Any]) -> None:
             self.pending = obj
@@ -331,6 +341,8 @@ def streaming_loader_class() -> type:
                 self.pending = None
             elif self.restore:
                 self.restore = False  # the restored position was used up by the previous iteration: a new epoch
+            epoch = self.current_epoch if self.restore else self.current_epoch + 1  # as litdata's __iter__ counts
+            self.generator.manual_seed(self.seed * 1_000_003 + epoch)
             return super().__iter__()
 
     return Loader
@@ -403,6 +415,7 @@ class ShardsDataModule(SplitDataModule):
             num_workers=self.num_workers,
             collate_fn=collate or self.collate,
             persistent_workers=False,
+            seed=self.seed,
         )
         if split == "train":
             self.train_loader = loader
