@@ -67,7 +67,7 @@ def parallel_dataset(folder: Path) -> Path:
     return folder
 
 
-def sequence_dataset(folder: Path, text: bool) -> Path:
+def sequence_dataset(folder: Path, text: bool = True) -> Path:
     """Two classes: text rows (strings, string labels) or token id rows (ClassLabel), of varying length."""
     generator = np.random.default_rng(0)
     if text:
