@@ -16,15 +16,15 @@ def options(group: str) -> list[str]:
 
 
 STREAM_FAMILIES = {"images_stream": "vit", "captions_stream": "clip", "text_stream": "gpt",
-                   "parallel_text_stream": "translation"}  # fmt: skip
+                   "parallel_text_stream": "translation", "sequences_stream": "sequence_classifier"}  # fmt: skip
 
 
 def shards_description(folder: Path) -> Path:
     """A shards folder's zoo.json alone (what the data=*_stream configs read when they compose)."""
     from zoo.data.tokenizers import train_char_tokenizer
 
-    meta = {"kind": "images", "classes": ["a", "b"], "image_size": 8, "in_channels": 1,
-            "tokenizer": train_char_tokenizer(["abc"]).to_str()}  # fmt: skip
+    meta = {"kind": "images", "classes": ["a", "b"], "image_size": 8, "in_channels": 1, "max_length": 16,
+            "padding_id": None, "tokenizer": train_char_tokenizer(["abc"]).to_str()}  # fmt: skip
     (folder / "zoo.json").write_text(json.dumps(meta))
     return folder
 
@@ -65,12 +65,13 @@ def test_config_option_composes(group: str, option: str, tmp_path: Path) -> None
             "zoo.data.huggingface.HFText": "model=gpt",
             "zoo.data.huggingface.HFParallelText": "model=translation",
             "zoo.data.huggingface.HFCaption": "model=clip",
+            "zoo.data.huggingface.HFSequence": "model=sequence_classifier",
             "zoo.data.mqar.": "experiment=mqar",
         }
         overrides = [reader for key, reader in family.items() if target.startswith(key)] + overrides
     if option == "image_folder":  # the user must name the folder and its classes
         overrides += ["data.data_dir=images", "data.num_classes=3"]
-    if option == "hf_images":  # the user must name the dataset's number of classes
+    if option in ("hf_images", "hf_sequences"):  # the user must name the dataset's number of classes
         overrides += ["data.num_classes=3"]
     if group == "data" and option in STREAM_FAMILIES:  # shards: the model reads their sizes from zoo.json
         overrides = [f"model={STREAM_FAMILIES[option]}", *overrides, f"data.data_dir={shards_description(tmp_path)}"]

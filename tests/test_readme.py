@@ -213,7 +213,7 @@ def hf_datasets(root: Path) -> dict[str, str]:
     from tests.data import test_huggingface as hf
 
     builders = {"text": hf.text_dataset, "image": hf.image_dataset, "caption": hf.caption_dataset,
-                "parallel": hf.parallel_dataset}  # fmt: skip
+                "parallel": hf.parallel_dataset, "sequence": hf.sequence_dataset}  # fmt: skip
     folders = {}
     for kind, build in builders.items():
         folder = root / f"hf-{kind}"
@@ -229,6 +229,7 @@ SHARDS = {
     "<caption shards>": ["model=clip", "data=digits_captions"],
     "<text shards>": ["model=gpt", "data=shakespeare"],
     "<parallel text shards>": ["model=translation", "data=multi30k"],
+    "<sequence shards>": ["model=sequence_classifier", "data=listops", "data.max_length=256"],
 }
 
 

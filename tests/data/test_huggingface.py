@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import run_in_process
-from zoo.data.huggingface import HFTextDataModule, load_local_dataset
+from zoo.data.huggingface import HFSequenceDataModule, HFTextDataModule, load_local_dataset
 from zoo.errors import DataError
 
 datasets = pytest.importorskip("datasets")
@@ -67,6 +67,23 @@ def parallel_dataset(folder: Path) -> Path:
     return folder
 
 
+def sequence_dataset(folder: Path, text: bool = True) -> Path:
+    """Two classes: text rows (strings, string labels) or token id rows (ClassLabel), of varying length."""
+    generator = np.random.default_rng(0)
+    if text:
+        rows = sentences(60)
+        data = {"tokens": rows, "label": ["long" if len(row) > 25 else "short" for row in rows]}
+        datasets.Dataset.from_dict(data).save_to_disk(str(folder))
+    else:
+        rows = [generator.integers(1, 20, int(generator.integers(4, 12))).tolist() for _ in range(60)]
+        features = datasets.Features({"tokens": datasets.Sequence(datasets.Value("int32")),
+                                      "label": datasets.ClassLabel(names=["even", "odd"])})  # fmt: skip
+        data = datasets.Dataset.from_dict({"tokens": rows, "label": [sum(row) % 2 for row in rows]}, features)
+        data.to_parquet(str(folder.with_suffix(".parquet")))
+        return folder.with_suffix(".parquet")
+    return folder
+
+
 def run(args: list[str], tmp_path: Path, capsys) -> None:
     code, out, err = run_in_process(
         [*args, "trainer.fast_dev_run=true", "print_config=false", f"hydra.run.dir={tmp_path / 'run'}",
@@ -96,11 +113,35 @@ def test_clip_trains_on_a_caption_dataset(tmp_path, capsys):
         tmp_path, capsys)  # fmt: skip
 
 
-def test_translation_trains_on_a_parallel_dataset(tmp_path, capsys):
+@pytest.mark.parametrize("model", ["translation", "rnn_translation"])
+def test_translation_trains_on_a_parallel_dataset(tmp_path, capsys, model):
     folder = parallel_dataset(tmp_path / "pairs")
     columns = ["data.source_column=translation.de", "data.target_column=translation.en"]
-    run(["model=translation", "data=hf_parallel_text", f"data.path={folder}", *columns, "data.vocab_size=300",
+    run([f"model={model}", "data=hf_parallel_text", f"data.path={folder}", *columns, "data.vocab_size=300",
          "data.min_frequency=1"], tmp_path, capsys)  # fmt: skip
+
+
+@pytest.mark.parametrize("text", [False, True], ids=["token_ids", "text"])
+def test_sequence_classifier_trains_on_a_sequence_dataset(tmp_path, capsys, text):
+    folder = sequence_dataset(tmp_path / "sequences", text)
+    vocabulary = [] if text else ["data.vocab_size=20", "data.packing=true", "model.net.pool=mean"]
+    run(["model=sequence_classifier", "data=hf_sequences", f"data.path={folder}", "data.num_classes=2",
+         "data.max_length=48", "data.batch_size=8", *vocabulary], tmp_path, capsys)  # fmt: skip
+
+
+def test_text_sequences_are_their_bytes_plus_one_padded_with_zero_and_labels_name_the_classes(tmp_path):
+    folder = sequence_dataset(tmp_path / "sequences", text=True)
+    module = HFSequenceDataModule(path=str(folder), max_length=64, num_classes=2, padding_id=0, vocab_size=257)
+    module.setup()
+    assert module.classes == ("long", "short")
+    rows = datasets.load_from_disk(str(folder))["tokens"]
+    tokens, labels = module.splits["train"].tensors
+    for ids, label in zip(tokens, labels):
+        row = bytes(t - 1 for t in ids.tolist() if t).decode()
+        assert row in rows and int((ids != 0).sum()) == len(row.encode()) and ids[-1] == 0
+        assert module.classes[label] == ("long" if len(row) > 25 else "short")
+    with pytest.raises(DataError, match=r"data.num_classes=3, but .* has 2 classes \['long', 'short'\]"):
+        HFSequenceDataModule(path=str(folder), max_length=64, num_classes=3, padding_id=0).setup()
 
 
 def test_splits_come_from_file_names_and_features_survive_parquet(tmp_path):

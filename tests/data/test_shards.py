@@ -16,7 +16,8 @@ import torch.multiprocessing as mp
 
 from tests.helpers import run_in_process, tiny_text
 from zoo.data.images import DigitsDataModule
-from zoo.data.shards import StreamingImagesDataModule, read_meta, write_shards
+from zoo.data.listops import ListOpsDataModule
+from zoo.data.shards import StreamingImagesDataModule, StreamingSequencesDataModule, read_meta, write_shards
 from zoo.errors import DataError
 
 FAST = ["trainer.fast_dev_run=true", "print_config=false"]
@@ -72,6 +73,21 @@ def test_shards_hold_every_sample_once_with_the_data_description(digit_shards: P
     assert labels[0] == reference.test_set.labels[0] and torch.allclose(images[0], expected, atol=1e-6)
 
 
+def test_sequence_shards_hold_the_source_tokens_labels_and_sizes(tmp_path: Path) -> None:
+    source = ListOpsDataModule(num_train=40, num_val=8, num_test=8, max_length=32, batch_size=8)
+    write_shards(source, tmp_path / "shards")
+    meta = read_meta(tmp_path / "shards")
+    assert meta["kind"] == "sequences" and meta["classes"] == [str(d) for d in range(10)]
+    assert (meta["vocab_size"], meta["max_length"], meta["num_classes"], meta["padding_id"]) == (16, 32, 10, 0)
+    module = StreamingSequencesDataModule(data_dir=str(tmp_path / "shards"), batch_size=8)
+    tokens, labels = next(iter(module.stream_loader("test")))
+    expected_tokens, expected_labels = source.splits["test"].tensors
+    assert tokens.dtype == torch.long and torch.equal(tokens, expected_tokens.long())
+    assert torch.equal(labels, expected_labels)
+    with pytest.raises(DataError, match=r"data.max_length=64, but the shards in .* have 32"):
+        StreamingSequencesDataModule(data_dir=str(tmp_path / "shards"), max_length=64)
+
+
 def test_conversion_never_writes_into_a_folder_that_holds_files(tmp_path: Path, capsys) -> None:
     out = tmp_path / "shards"
     out.mkdir()
@@ -99,6 +115,16 @@ FAMILIES = {
         ["model=translation", "data=parallel_text", "data.train={train}", "data.val={val}", "data.test={test}",
          "data.vocab_size=300"],
         ["data=parallel_text_stream", "data.batch_size=8"],
+    ),
+    "rnn_translation": (
+        ["model=rnn_translation", "data=parallel_text", "data.train={train}", "data.val={val}", "data.test={test}",
+         "data.vocab_size=300"],
+        ["data=parallel_text_stream", "data.batch_size=8"],
+    ),
+    "sequence_classifier": (  # ListOps: padded sequences, packed from the shards
+        ["model=sequence_classifier", "data=listops", "data.num_train=64", "data.num_val=16", "data.num_test=16",
+         "data.max_length=32"],
+        ["data=sequences_stream", "data.batch_size=16", "data.packing=true", "model.net.pool=mean"],
     ),
 }  # fmt: skip
 

@@ -10,7 +10,8 @@ attention_maps  attention of every family, as PNGs (and to the loggers)      vit
 explain         attribution maps (attention, rollout, gradients) per image   vit, clip, sequence_classifier
 export          a self-contained folder: safetensors | onnx | huggingface    every model (onnx: all but translation
                                                                              and clip; huggingface: gpt)
-shard           the data's train/val/test splits as litdata shards in out=   image, caption, text, parallel-text data
+shard           the data's train/val/test splits as litdata shards in out=   image, caption, text, parallel-text,
+                                                                             token-sequence data
 
 Every mode but train reads `ckpt_path=` (a checkpoint, or a folder written by mode=export) through zoo.load,
 writes its results into the run directory and prints a short summary.

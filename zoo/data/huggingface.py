@@ -1,4 +1,5 @@
-"""Hugging Face datasets read from disk, offline: `data=hf_text | hf_images | hf_captions | hf_parallel_text`.
+"""Hugging Face datasets read from disk, offline: `data=hf_text | hf_images | hf_captions | hf_parallel_text |
+hf_sequences`.
 
 `data.path` is a folder written by `datasets`' `save_to_disk` (a Dataset or a DatasetDict), or local .parquet /
 .arrow files (a file, a folder of them, or a glob pattern), read through the `datasets` library (pip install
@@ -7,7 +8,7 @@ Columns are options (data.text_column, ...); a missing one is one line naming th
 and validation (or val, valid, dev) and test where the dataset has them; missing ones are drawn from train, seeded.
 Each family's module is its file-reading module with only the reading replaced, so batches, tokenizers and
 options (packing for text, augmentation for images) are those of data=text, image_folder, image_captions and
-parallel_text.
+parallel_text; hf_sequences is a TokenSequenceDataModule as data=listops (packing included).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torchvision.transforms import v2
 from zoo.data.captions import CaptionFileDataModule
 from zoo.data.images import ImageClassificationDataModule
 from zoo.data.parallel_text import Pairs, TranslationDataModule
+from zoo.data.sequences import TokenSequenceDataModule
 from zoo.data.text import TextDataModule
 from zoo.errors import DataError
 
@@ -106,6 +108,17 @@ def three_splits(splits: dict[str, Any], val_fraction: float, test_fraction: flo
     return named
 
 
+def class_names(named: dict[str, Any], column: str) -> tuple[list[str], Any]:
+    """(class names, label -> class index) of a label column: a ClassLabel's names (its ints are the indices), or
+    the sorted distinct values of train and test (ints or strings)."""
+    names = getattr(named["train"].features[column], "names", None)
+    if names is not None:
+        return [str(name) for name in names], int
+    names = sorted({str(label) for split in ("train", "test") for label in named[split][column]})
+    index = {name: i for i, name in enumerate(names)}
+    return names, lambda label: index[str(label)]
+
+
 def image_tensor(image: Any, channels: int, size: int) -> torch.Tensor:
     """A PIL image or an array -> uint8 (channels, size, size)."""
     from PIL import Image
@@ -168,20 +181,14 @@ class HFImageDataModule(ImageClassificationDataModule):
         for dataset in splits.values():
             check_columns(dataset, columns, self.path)
         named = three_splits(splits, 0.1, 0.2, self.seed)
-        feature = named["train"].features[self.label_column]
-        names = getattr(feature, "names", None)
-        if names is None:  # string or int labels: the sorted distinct values
-            names = sorted({str(label) for split in ("train", "test") for label in named[split][self.label_column]})
-        index = {name: i for i, name in enumerate(names)}
+        names, class_index = class_names(named, self.label_column)
         channels = self.in_channels or 3
 
         def read(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
             images = torch.stack(
                 [image_tensor(image, channels, self.image_size) for image in dataset[self.image_column]]
             )
-            labels = [
-                label if getattr(feature, "names", None) else index[str(label)] for label in dataset[self.label_column]
-            ]
+            labels = [class_index(label) for label in dataset[self.label_column]]
             return images, torch.tensor(labels, dtype=torch.long)
 
         train = [named["train"], named["val"]]  # the module draws its own validation split from train
@@ -268,5 +275,60 @@ class HFParallelTextDataModule(TranslationDataModule):
         return {
             split: ([str(s) for s in column_values(data, self.source_column)],
                     [str(t) for t in column_values(data, self.target_column)])
+            for split, data in named.items()
+        }  # fmt: skip
+
+
+class HFSequenceDataModule(TokenSequenceDataModule):
+    """data=hf_sequences: token-sequence classification rows. `sequence_column` holds lists of token ids, or strings
+    read as their UTF-8 bytes shifted by one (ids 1-256, 0 free for padding: Long Range Arena's byte-level Text
+    task); sequences are cut to max_length and padded at the end with padding_id. `label_column` as hf_images'
+    (ClassLabel, ints or strings). Splits: the dataset's, else drawn from train (seeded)."""
+
+    def __init__(
+        self,
+        path: str | None = None,
+        sequence_column: str = "tokens",
+        label_column: str = "label",
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.path, self.sequence_column, self.label_column = path, sequence_column, label_column
+        self.val_fraction, self.test_fraction, self.seed = val_fraction, test_fraction, seed
+        self.classes: tuple[str, ...] = ()
+
+    def encode(self, sequence: Any, row: int) -> list[int]:
+        """One row's token ids (a string: its bytes + 1), cut to max_length and padded with padding_id."""
+        ids = [byte + 1 for byte in sequence.encode("utf-8")] if isinstance(sequence, str) else list(sequence)
+        if isinstance(sequence, str) and self.padding_id not in (0, None):
+            raise DataError(f"{self.sequence_column} holds text, read as bytes + 1 with 0 as padding: "
+                            f"data.padding_id must be 0, got {self.padding_id}")  # fmt: skip
+        ids = ids[: self.max_length]
+        if len(ids) < self.max_length:
+            if self.padding_id is None:
+                raise DataError(f"row {row} of {self.path} has {len(ids)} tokens, fewer than data.max_length="
+                                f"{self.max_length}, and data.padding_id is null; set data.padding_id")  # fmt: skip
+            ids += [self.padding_id] * (self.max_length - len(ids))
+        return ids
+
+    def build_splits(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        splits = load_local_dataset(self.path)
+        columns = {"sequence_column": self.sequence_column, "label_column": self.label_column}
+        for dataset in splits.values():
+            check_columns(dataset, columns, self.path)
+        named = three_splits(splits, self.val_fraction, self.test_fraction, self.seed)
+        names, class_index = class_names(named, self.label_column)
+        if self.num_classes != len(names):
+            raise DataError(f"data.num_classes={self.num_classes}, but {self.path} has {len(names)} classes {names}")
+        self.classes = tuple(names)
+        return {
+            split: (
+                torch.tensor([self.encode(seq, row) for row, seq in enumerate(data[self.sequence_column])],
+                             dtype=torch.long).reshape(len(data), self.max_length),
+                torch.tensor([class_index(label) for label in data[self.label_column]], dtype=torch.long),
+            )
             for split, data in named.items()
         }  # fmt: skip

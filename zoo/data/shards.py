@@ -13,6 +13,7 @@ Kinds, by the data module the conversion reads (any of the kind: `data=image_fol
     captions        CaptionDataModule              {index, image uint8 (C, H, W), caption, match_id, label}
     tokens          TextDataModule                 the token stream, one item per document chunk (TokensLoader)
     parallel_text   TranslationDataModule          {index, src ids, tgt ids, src_text, tgt_text}
+    sequences       TokenSequenceDataModule        {index, tokens (max_length,) as written, label}
 Images are stored as the evaluation transform's input (resized uint8); normalisation runs on each batch.
 """
 
@@ -35,6 +36,7 @@ from zoo.data.captions import CaptionDataModule, encode_captions, prepare_captio
 from zoo.data.images import ImageClassificationDataModule, RandomCropFlip
 from zoo.data.parallel_text import TranslationDataModule, pad_sequences
 from zoo.data.preprocessing import ImagePreprocessing
+from zoo.data.sequences import TokenSequenceDataModule, collate_tokens, pack_sequences
 from zoo.data.splits import SplitDataModule
 from zoo.data.text import TextDataModule
 from zoo.data.tokenizers import PAD, tokenizer_from_string, tokenizer_to_string
@@ -42,7 +44,7 @@ from zoo.errors import DataError
 
 log = logging.getLogger("zoo")
 
-KINDS = ("images", "captions", "tokens", "parallel_text")
+KINDS = ("images", "captions", "tokens", "parallel_text", "sequences")
 SPLITS = ("train", "val", "test")
 META = "zoo.json"
 FORMAT_VERSION = 1
@@ -57,13 +59,15 @@ def kind_of(datamodule: Any) -> str:
         ("captions", CaptionDataModule),
         ("tokens", TextDataModule),
         ("parallel_text", TranslationDataModule),
+        ("sequences", TokenSequenceDataModule),
     ):
         if isinstance(datamodule, base):
             return kind
     raise DataError(
-        f"mode=shard converts image classification, image-caption, text and parallel-text data, got "
+        f"mode=shard converts image classification, image-caption, text, parallel-text and token-sequence data, got "
         f"{type(datamodule).__name__}; valid data modules: ImageClassificationDataModule, CaptionDataModule, "
-        "TextDataModule, TranslationDataModule (e.g. data=image_folder, image_captions, text, parallel_text)"
+        "TextDataModule, TranslationDataModule, TokenSequenceDataModule (e.g. data=image_folder, image_captions, "
+        "text, parallel_text, listops)"
     )
 
 
@@ -115,6 +119,10 @@ def _pair_item(dataset: Any, index: int) -> dict[str, Any]:
     }
 
 
+def _sequence_item(tokens: torch.Tensor, labels: torch.Tensor, index: int) -> dict[str, Any]:
+    return {"index": index, "tokens": tokens[index].numpy(), "label": int(labels[index])}
+
+
 def split_items(datamodule: Any, kind: str, split: str) -> tuple[Callable[[int], Any], int]:
     """(item of index i, number of items) of one split of a set-up data module."""
     if kind == "images":
@@ -127,6 +135,9 @@ def split_items(datamodule: Any, kind: str, split: str) -> tuple[Callable[[int],
     if kind == "tokens":
         tokens = datamodule.splits.get(split, datamodule.splits["val"])
         return functools.partial(_token_item, tokens), -(-len(tokens) // TOKENS_PER_ITEM)
+    if kind == "sequences":
+        tokens, labels = datamodule.splits[split].tensors
+        return functools.partial(_sequence_item, tokens, labels), len(tokens)
     dataset = datamodule.dataset(split)
     return functools.partial(_pair_item, dataset), len(dataset)
 
@@ -154,6 +165,14 @@ def describe(datamodule: Any, kind: str) -> dict[str, Any]:
             "mean": list(preprocessing.mean),
             "std": list(preprocessing.std),
             "tokenizer": tokenizer_to_string(datamodule.tokenizer),
+        }
+    if kind == "sequences":
+        return {
+            "classes": [str(name) for name in getattr(datamodule, "classes", ())],
+            "vocab_size": datamodule.vocab_size,
+            "max_length": datamodule.max_length,
+            "num_classes": datamodule.num_classes,
+            "padding_id": datamodule.padding_id,
         }
     return {"tokenizer": tokenizer_to_string(datamodule.tokenizer)}
 
@@ -222,11 +241,13 @@ def read_meta(data_dir: str | Path, kind: str | None = None) -> dict[str, Any]:
 def shard_info(data_dir: str, key: str) -> Any:
     """`${shard_info:<folder>,num_classes}` and the like: what a model config reads from a shards folder."""
     meta = read_meta(data_dir)
+    if key in meta:  # token sequences store their sizes as they are
+        return meta[key]
     if key == "num_classes":
         return len(meta.get("classes", [])) or None
     if key == "vocab_size":
         return tokenizer_from_string(meta["tokenizer"]).get_vocab_size()
-    return meta[key]
+    raise DataError(f"the shards in {data_dir} ({meta.get('kind')}) have no {key!r}; they have: {sorted(meta)}")
 
 
 def check_agrees(data_dir: str | Path, **given: Any) -> None:
@@ -295,11 +316,21 @@ def streaming_loader_class() -> type:
     epoch and never hands the loader the saved state; and it ends an epoch by counting batches, without exhausting
     litdata's generator, whose `restore` flag then replays the restored position's tail as the next epoch. So the
     data module carries the position in its own checkpoint entry (ShardsDataModule.state_dict, restored before the
-    loader is built), and a state given to `load_state_dict` serves the next iteration and no other."""
+    loader is built), and a state given to `load_state_dict` serves the next iteration and no other.
+
+    Each iteration draws the workers' base seed from a generator of the loader's own, seeded by (seed, epoch),
+    not from torch's global one (as a DataLoader does by default, when it builds its iterator at the first batch):
+    reading shards then takes nothing from the generators whose states travel in the checkpoint
+    (zoo.training.callbacks.ResumeState), so a run resumed mid-epoch draws the uninterrupted run's dropout masks,
+    MixUp shares and augmentations, and its workers get the uninterrupted run's seeds."""
     from litdata import StreamingDataLoader
 
     class Loader(StreamingDataLoader):
         pending: dict[str, Any] | None = None
+
+        def __init__(self, *args: Any, seed: int = 0, **kwargs: Any) -> None:
+            super().__init__(*args, generator=torch.Generator(), **kwargs)
+            self.seed = seed
 
         def load_state_dict(self, obj: dict[str, Any]) -> None:
             self.pending = obj
@@ -310,6 +341,8 @@ def streaming_loader_class() -> type:
                 self.pending = None
             elif self.restore:
                 self.restore = False  # the restored position was used up by the previous iteration: a new epoch
+            epoch = self.current_epoch if self.restore else self.current_epoch + 1  # as litdata's __iter__ counts
+            self.generator.manual_seed(self.seed * 1_000_003 + epoch)
             return super().__iter__()
 
     return Loader
@@ -382,6 +415,7 @@ class ShardsDataModule(SplitDataModule):
             num_workers=self.num_workers,
             collate_fn=collate or self.collate,
             persistent_workers=False,
+            seed=self.seed,
         )
         if split == "train":
             self.train_loader = loader
@@ -588,3 +622,35 @@ class StreamingParallelTextDataModule(ShardsDataModule):
             "src_text": [sample["src_text"] for sample in samples],
             "tgt_text": [sample["tgt_text"] for sample in samples],
         }
+
+
+class StreamingSequencesDataModule(ShardsDataModule):
+    """Token-sequence classification from a shards folder (`data=sequences_stream`) for the sequence classifier:
+    (token ids (B, max_length) int64, labels (B,)) batches as TokenSequenceDataModule's (pixel sequences, ListOps,
+    hf_sequences), and with `packing` (padded sequences only) its packed batches."""
+
+    kind = "sequences"
+
+    def __init__(
+        self,
+        vocab_size: int | None = None,
+        max_length: int | None = None,
+        num_classes: int | None = None,
+        padding_id: int | None = None,
+        packing: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        check_agrees(self.data_dir, vocab_size=vocab_size, max_length=max_length, num_classes=num_classes,
+                     padding_id=padding_id)  # fmt: skip
+        meta = self.meta
+        self.classes = tuple(meta["classes"])
+        self.vocab_size, self.max_length = meta["vocab_size"], meta["max_length"]
+        self.num_classes, self.padding_id = meta["num_classes"], meta["padding_id"]
+        if packing and self.padding_id is None:
+            raise DataError("data.packing=true packs padded sequences, but these shards have none (padding_id null)")
+        self.packing = packing
+
+    def collate(self, samples: list[dict[str, Any]]) -> tuple[torch.Tensor, ...]:
+        pairs = [(torch.as_tensor(sample["tokens"]), torch.tensor(sample["label"])) for sample in samples]
+        return pack_sequences(pairs, self.padding_id) if self.packing else collate_tokens(pairs)

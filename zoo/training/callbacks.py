@@ -80,8 +80,15 @@ class ResumeState(Callback):
     (zoo.weights.identity) for modules that are not zoo tasks.
 
     Checkpoints written at epoch ends (ModelCheckpoint's) resume bit for bit: the generators are
-    captured after validation, and nothing draws from them before the next epoch's shuffle.
+    captured after validation, and nothing draws from them before the next epoch's shuffle, so they are
+    restored as the checkpoint is loaded. A checkpoint written in the middle of an epoch (every_n_train_steps,
+    an interrupt; only shards resume there, zoo/data/shards.py) has them restored once more at train start: the
+    resumed run's sanity check builds validation loaders after loading, and a DataLoader draws its workers' base
+    seed from torch's generator (the shards' loaders draw theirs from a generator of their own).
     """
+
+    def __init__(self) -> None:
+        self.loaded: dict[str, Any] | None = None  # the checkpoint's states, until training starts
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": collect_rng_state()}
@@ -89,6 +96,12 @@ class ResumeState(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if "rng" in state_dict:
             restore_rng_state(state_dict["rng"])
+            self.loaded = state_dict["rng"]
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.loaded is not None and trainer.fit_loop.restarted_mid_epoch:
+            restore_rng_state(self.loaded)
+        self.loaded = None
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         checkpoint.setdefault("zoo", identity(pl_module))  # zoo's tasks write it themselves; any other module too
