@@ -142,8 +142,12 @@ def test_every_extra_the_pages_and_ci_install_is_declared():
 
     declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     texts = {path.relative_to(ROOT): path.read_text() for path in [ROOT / ".ci" / "run", README, *pages()]}
-    named = {(where, extra) for where, text in texts.items()
-             for group in re.findall(r"\.\[([\w,-]+)\]", text) for extra in group.split(",")}
+    named = {
+        (where, extra)
+        for where, text in texts.items()
+        for group in re.findall(r"\.\[([\w,-]+)\]", text)
+        for extra in group.split(",")
+    }
     assert {(".ci/run", "docs"), ("README.md", "docs")} <= {(str(where), extra) for where, extra in named}
     missing = sorted(f"{where}: .[{extra}]" for where, extra in named if extra not in declared)
     assert not missing, f"extras not in pyproject.toml's optional-dependencies {sorted(declared)}: {missing}"
