@@ -466,11 +466,17 @@ def plots(results: dict, out: Path) -> None:
 
     if results["training"]:
         figure, axis = plt.subplots(figsize=(6, 4))
+        counts = {}
         for row, records in results["training"].items():
             points = [(i, r["bleu_beam_by_length"][b]["bleu"]) for r in records[:1]
                       for i, b in enumerate(BUCKET_NAMES) if b in r["bleu_beam_by_length"]]  # fmt: skip
-            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=ROWS[row][0])
-        axis.set_xticks(range(len(BUCKET_NAMES)), BUCKET_NAMES)
+            for r in records[:1]:
+                counts |= {b: v["sentences"] for b, v in r["bleu_beam_by_length"].items()}
+            if points:  # a row without measured buckets stays out of the legend
+                axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=ROWS[row][0])
+        # Each bucket's sentence count under its name: a bucket of a few sentences is noise, and the plot says so.
+        ticks = [f"{b}\n(n={counts[b]})" if b in counts else b for b in BUCKET_NAMES]
+        axis.set_xticks(range(len(BUCKET_NAMES)), ticks)
         axis.set_xlabel("source sentence length (words)")
         axis.set_ylabel("test BLEU (beam)")
         axis.legend()
