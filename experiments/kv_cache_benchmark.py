@@ -63,7 +63,9 @@ def seconds_per_token(model: GPT, prompt: torch.Tensor, new_tokens: int, use_cac
         model.generate(prompt, n, temperature=0.0, use_cache=use_cache)
         return time.perf_counter() - start
 
-    return (run(new_tokens + 1) - run(1)) / new_tokens
+    # The fastest of three of each: a difference of two single timings can go negative on a loaded machine when
+    # the steps are short (a pause in the shorter run outweighs the extra tokens of the longer one).
+    return (min(run(new_tokens + 1) for _ in range(3)) - min(run(1) for _ in range(3))) / new_tokens
 
 
 def decoding_step_seconds(model: GPT, prompt: torch.Tensor, new_tokens: int) -> float:

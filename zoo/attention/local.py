@@ -19,7 +19,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from zoo.attention import pattern as pattern_kernels
+import zoo.attention.pattern as pattern_kernels
 from zoo.attention.blockwise import DENSE_MAX_LENGTH, blocked_windows
 from zoo.attention.cache import KVCache, RollingKVCache, new_tokens_padding
 from zoo.attention.contract import Kernel, ScoreBias
