@@ -215,8 +215,11 @@ VAL_LINE = re.compile(r"val samples \(epoch (\d+)\)")
 
 
 def _log_times(run_dir: Path) -> list[tuple[datetime, str]]:
+    log = run_dir / "run.log"
+    if not log.is_file():
+        raise SystemExit(f"{run_dir} holds no run.log: not a run of run.py (train it without --resume)")
     times = []
-    for line in (run_dir / "run.log").read_text(errors="replace").splitlines():
+    for line in log.read_text(errors="replace").splitlines():
         if found := LOG_TIME.match(line):
             times.append((datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S"), line))
     return times
@@ -224,7 +227,10 @@ def _log_times(run_dir: Path) -> list[tuple[datetime, str]]:
 
 def logged_wall(run_dir: Path) -> float:
     """Seconds from the run's first log line to its metrics.json (fit and test): a finished run's wall time."""
-    first = _log_times(run_dir)[0][0]  # logging writes local time, as timestamp() reads it
+    times = _log_times(run_dir)
+    if not times:
+        raise SystemExit(f"{run_dir / 'run.log'} has no timestamped line: its wall time cannot be read")
+    first = times[0][0]  # logging writes local time, as timestamp() reads it
     return (run_dir / "metrics.json").stat().st_mtime - first.timestamp()
 
 

@@ -84,3 +84,12 @@ def test_the_page_marks_a_row_taken_from_another_page_and_keeps_the_notes(tmp_pa
     assert "| 25.0 | 3.0 |" in page
     assert "## Notes on these runs\n\n- a note kept across rebuilds" in page
     assert rnn_vs_transformer.minutes_to(curve, 15.0) == 10.0 and rnn_vs_transformer.minutes_to(curve, 30.0) is None
+
+
+def test_resume_of_a_folder_without_a_run_log_is_one_line(tmp_path) -> None:
+    (tmp_path / "metrics.json").write_text("{}")
+    with pytest.raises(SystemExit, match="holds no run.log"):
+        rnn_vs_transformer.logged_wall(tmp_path)
+    (tmp_path / "run.log").write_text("no timestamps here\n")
+    with pytest.raises(SystemExit, match="has no timestamped line"):
+        rnn_vs_transformer.logged_wall(tmp_path)
