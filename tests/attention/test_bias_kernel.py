@@ -35,14 +35,22 @@ def t5_with_order_one_values(heads: int, causal: bool, num_buckets: int = 8, max
 
 
 @pytest.mark.fast_path
-@pytest.mark.parametrize("name", ["alibi", "t5"])
+@pytest.mark.parametrize(
+    ("name", "split"), [("alibi", False), ("t5", False), ("t5", True)], ids=["alibi", "t5-blocks", "t5-band-and-ends"]
+)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize(("length", "kv_heads"), [(157, 4), (70, 2), (64, 1)])
-def test_blockwise_bias_attention_equals_the_dense_formula_in_fp64(monkeypatch, name, causal, padded, length, kv_heads):
+def test_blockwise_bias_attention_equals_the_dense_formula_in_fp64(
+    monkeypatch, name, split, causal, padded, length, kv_heads
+):
     """Blocks of 64 query rows (the least), lengths that are and are not a multiple of it; T5's last buckets begin
-    within reach of a block (max_distance 20), so both the band and the column sums carry its gradient."""
+    within reach of a block (max_distance 20), so both the band and the column sums carry its gradient. T5 also
+    through the band-and-ends split (ALiBi differs at every distance: it has no ends), with band blocks of 16 rows
+    (edges inside the band, a last block cut short)."""
     monkeypatch.setattr(fast_bias, "BLOCK_ELEMENTS", 1)
+    monkeypatch.setattr(fast_bias, "SPLIT_FROM", dict.fromkeys((True, False), 1 if split else 10**9))
+    monkeypatch.setattr(fast_bias, "BAND_BLOCK", 16)
     generator = torch.Generator().manual_seed(length)
     heads = 4
     q = torch.randn(3, heads, length, 8, generator=generator, dtype=torch.float64, requires_grad=True)

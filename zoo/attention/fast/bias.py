@@ -15,6 +15,16 @@ element. The backward is the flash kernel's own per block (with the same slice);
 d table[c] = sum of dS over the entries of distance class c: dS recomputed explicitly only in the band |j - i| < M
 around each block, and the classes beyond it from the column sums of dS that the extra channel's key gradient
 carries (dk'[j, D] = scale * sum_i dS[i, j]).
+
+T5 at lengths well past its reach (`_BandAndEnds`, length >= SPLIT_FROM * M): beyond the band |j - i| < M the bias
+is one value per side, a constant that a softmax over a region absorbs. So the attention is three parts merged by
+their log-sum-exps: the keys j <= i - M (a causal flash call on q[M:] and k[:n - M], no mask at all), the keys
+j >= i + M (the same on the reversed sequence; bidirectional only), and the band, computed explicitly in query
+blocks of BAND_BLOCK rows. The backward gives each flash call the merged output and log-sum-exp, which makes its
+probabilities the whole attention's (less the constant), so dq, dk, dv are the parts' sums; the band's dS is
+explicit, which gives the table's near classes, and the end classes follow from sum_j dS[i, j] = 0 for each row:
+causal, d table[left end] = -(everything in the band); bidirectional, the left end's share of a row is
+p_left (dO . out_left - delta) from the left call's output, and the right end takes the rest.
 """
 
 from __future__ import annotations
@@ -32,6 +42,11 @@ UNDERFLOW = 50.0
 # upper triangle (it skips masked tiles only for is_causal, which takes no bias)
 CAUSAL_BLOCK = 256
 BLOCK_ELEMENTS = 2**18  # learned-table backward: query blocks of H * block * n scores at most, at least 64 rows
+# T5 takes the band-and-ends split from this many times its reach on, causal and bidirectional (below it the band is
+# most of the matrix and the blocks above are faster; bidirectional attention has two ends and a band twice as wide),
+# its band in query blocks of BAND_BLOCK rows; crossover and block: experiments/results/position_bias_speed.md
+SPLIT_FROM = {True: 4, False: 12}
+BAND_BLOCK = 64
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, bias: object, dropout_p: float, need_weights: bool) -> bool:
@@ -67,10 +82,9 @@ def relative_bias_attention(
     padding = None if key_padding_mask is None else key_padding_mask.bool()
     low_precision = q.dtype in (torch.bfloat16, torch.float16)
     compute = torch.float32 if low_precision else q.dtype  # the fused kernel's low-precision backward is slow
+    kernel = _BandAndEnds if length > reach and length >= SPLIT_FROM[causal] * reach else _RelativeBiasAttention
     with torch.autocast("cpu", enabled=False):
-        out = _RelativeBiasAttention.apply(
-            q.to(compute), k.to(compute), v.to(compute), table.to(compute), padding, causal, reach
-        )
+        out = kernel.apply(q.to(compute), k.to(compute), v.to(compute), table.to(compute), padding, causal, reach)
     if padding is not None:  # rows that see no key at all (padded sequences) give zeros, as the fused kernels do
         kept = ~padding
         if causal:
@@ -125,7 +139,6 @@ class _RelativeBiasAttention(torch.autograd.Function):
         batch, heads, length, _ = q.shape
         if augmented:
             grad_out = torch.cat([grad_out, grad_out.new_zeros(batch, heads, length, 1)], dim=-1)
-        grad_out = grad_out.contiguous()
         anti_diagonals = _anti_diagonals(table, length, reach, causal)
         if q.dtype == torch.float32:
             anti_diagonals = _without_underflow(anti_diagonals, q[..., :dim], k[..., :dim], lse, grad_out, scale)
@@ -134,9 +147,11 @@ class _RelativeBiasAttention(torch.autograd.Function):
             block = _block_size(heads, length)
         else:
             block = CAUSAL_BLOCK if causal else length
-        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dq, dk, dv = torch.empty_like(q), None, None
         dtable = table.new_zeros(heads, table.shape[1] + 1) if learned else None  # + the causal entry
-        for start, end, first in _blocks(length, block, causal):
+        # the last block first: it sees every key (first slot 0), and its key gradients become the sums the other
+        # blocks add to, so that no zero-filled copies of dk and dv are held beside the kernel's
+        for start, end, first in reversed(list(_blocks(length, block, causal))):
             q_block, out_block, lse_block, grad_block = (
                 t[:, :, start:end].contiguous() for t in (q, out, lse, grad_out)
             )
@@ -145,8 +160,11 @@ class _RelativeBiasAttention(torch.autograd.Function):
                 attn_mask=_hankel(anti_diagonals, start, end, first, length), scale=scale,
             )  # fmt: skip
             dq[:, :, start:end] = dq_block
-            dk[:, :, first:] += dk_part
-            dv[:, :, first:] += dv_part
+            if dk is None:
+                dk, dv = dk_part, dv_part
+            else:
+                dk[:, :, first:] += dk_part
+                dv[:, :, first:] += dv_part
             if learned:
                 _table_grad(dtable, q_block, k, v, out_block, lse_block, grad_block, anti_diagonals, dk_part, start,
                             end, first, reach, causal, scale, dim)  # fmt: skip
@@ -178,7 +196,8 @@ def _without_underflow(anti_diagonals, q, k, lse, grad_out, scale) -> torch.Tens
     (padded queries, whose nearest kept keys may lie far away, would otherwise set the bound)."""
     key_norms = k.norm(dim=-1).amax(dim=-1, keepdim=True)  # (B, H, 1)
     gain = scale * q.norm(dim=-1) * key_norms - lse  # (B, H, n): the most a row's bias can gain
-    gain = gain.masked_fill(grad_out.abs().amax(dim=-1) == 0, float("-inf")).amax(dim=(0, 2))  # (H,)
+    silent = torch.linalg.vector_norm(grad_out, float("inf"), dim=-1) == 0
+    gain = gain.masked_fill(silent, float("-inf")).amax(dim=(0, 2))  # (H,)
     return anti_diagonals.masked_fill(anti_diagonals + gain[:, None] < -UNDERFLOW, float("-inf"))
 
 
@@ -225,3 +244,167 @@ def _table_grad(
     column_sums = dk_part[..., dim].sum(0) / scale  # (H, slots from offset on)
     dtable[:, 0] += column_sums[:, last - offset :].sum(-1)  # keys before lo
     dtable[:, 2 * reach] += column_sums[:, : max(0, first - offset)].sum(-1)  # keys from hi on
+
+
+FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+class _BandAndEnds(torch.autograd.Function):
+    """T5 as the band |j - i| < M (explicit) and its two ends (constant bias: flash calls without a mask), merged
+    by log-sum-exp (see the module's docstring). Saves q, k, v, the output and its log-sum-exp (bidirectional: also
+    the left end's output and log-sum-exp, for its share of the table's gradient)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, table, padding, causal, reach):
+        length = q.shape[2]
+        scale = q.shape[-1] ** -0.5
+        out, lse = _band_forward(q, k, v, table, padding, causal, reach, scale)
+        # the ends' rows: the left end's are M ... n - 1, the right end's (bidirectional) 0 ... n - M - 1
+        ends = [(slice(reach, length), *_end_forward(q, k, v, table[:, 0], padding, reach, scale))]
+        if not causal:
+            right = _end_forward(*_reversed(q, k, v), table[:, -1], _reversed_padding(padding), reach, scale)
+            ends.append((slice(0, length - reach), *_reversed(*right)))
+        merged = lse.clone()
+        for rows, _, part_lse in ends:
+            torch.logaddexp(merged[:, :, rows], part_lse, out=merged[:, :, rows])
+        merged.clamp_(min=PADDED)  # rows that see no key at all: every part's weight exp(-inf - PADDED) is 0
+        out.mul_((lse - merged).exp_()[..., None])
+        for rows, part_out, part_lse in ends:
+            out[:, :, rows].addcmul_(part_out, (part_lse - merged[:, :, rows]).exp_()[..., None])
+        ctx.save_for_backward(q, k, v, table, out, merged, *([] if causal else ends[0][1:]))
+        ctx.settings = (padding, causal, reach, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, table, out, lse, *left = ctx.saved_tensors
+        padding, causal, reach, scale = ctx.settings
+        # the ends' gradients cover rows M ... n - 1 (dq) and keys 0 ... n - M - 1 (dk, dv); padded to n rows only
+        # after the kernel has freed its scratch, so that the peak holds one set of them
+        length = q.shape[2]
+        dq, dk, dv = _end_backward(grad_out, q, k, v, out, lse, table[:, 0], padding, reach, scale)
+        dq = torch.nn.functional.pad(dq, (0, 0, reach, 0))
+        dk, dv = (torch.nn.functional.pad(g, (0, 0, 0, reach)) for g in (dk, dv))
+        if not causal:  # the right end: rows 0 ... n - M - 1, keys M ... n - 1
+            right = _end_backward(*_reversed(grad_out, q, k, v, out, lse), table[:, -1], _reversed_padding(padding),
+                                  reach, scale)  # fmt: skip
+            right_dq, right_dk, right_dv = _reversed(*right)
+            dq[:, :, : length - reach] += right_dq
+            dk[:, :, reach:] += right_dk
+            dv[:, :, reach:] += right_dv
+        delta = (grad_out * out).sum(-1)  # (B, H, n)
+        learned = ctx.needs_input_grad[3]
+        dtable = _band_backward(grad_out, q, k, v, lse, delta, table, padding, causal, reach, scale, dq, dk, dv,
+                                learned)  # fmt: skip
+        if learned:
+            band = dtable.sum(-1)  # the near classes only: the ends are still 0
+            if causal:
+                dtable[:, 0] = -band
+            else:
+                left_out, left_lse = left
+                rows = slice(reach, q.shape[2])
+                share = (left_lse - lse[:, :, rows]).exp_() * (
+                    (grad_out[:, :, rows] * left_out).sum(-1) - delta[:, :, rows]
+                )
+                dtable[:, 0] = share.sum((0, 2))
+                dtable[:, -1] = -band - dtable[:, 0]
+        return dq, dk, dv, dtable, None, None, None
+
+
+def _reversed(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors (B, H, n, ...) in reversed sequence order: the right end is the left end of the reversed sequence."""
+    return tuple(t.flip(2) for t in tensors)
+
+
+def _reversed_padding(padding: torch.Tensor | None) -> torch.Tensor | None:
+    return None if padding is None else padding.flip(1)
+
+
+def _key_mask(padding: torch.Tensor | None, keys: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """(B, 1, 1, keys) additive mask of the first `keys` keys' padding, broadcast by the flash kernel."""
+    if padding is None:
+        return None
+    mask = torch.zeros(padding.shape[0], 1, 1, keys, dtype=dtype)
+    return mask.masked_fill_(padding[:, None, None, :keys], float("-inf"))
+
+
+def _end_forward(q, k, v, end_bias, padding, reach, scale):
+    """The keys j <= i - M with their one bias value, for the rows M ... n - 1: (B, H, n - M, D) output and
+    (B, H, n - M) log-sum-exp, -inf for the rows whose keys there are all padding."""
+    keys = q.shape[2] - reach
+    out, lse = FLASH(q[:, :, reach:], k[:, :, :keys], v[:, :, :keys], is_causal=True,
+                     attn_mask=_key_mask(padding, keys, q.dtype), scale=scale)  # fmt: skip
+    lse += end_bias[:, None]
+    if padding is not None:  # the kernel gives a row without keys log-sum-exp 0
+        seen = (~padding[:, :keys]).cummax(dim=1).values
+        lse.masked_fill_(~seen[:, None, :], float("-inf"))
+    return out, lse
+
+
+def _end_backward(grad_out, q, k, v, out, lse, end_bias, padding, reach, scale):
+    """dq (rows M ... n - 1), dk, dv (keys 0 ... n - M - 1) of the keys j <= i - M: the flash backward with the whole
+    attention's output and log-sum-exp (less the end's bias, which the kernel does not add), whose probabilities then
+    are the whole attention's."""
+    keys = q.shape[2] - reach
+    return FLASH_BACKWARD(
+        grad_out[:, :, reach:], q[:, :, reach:], k[:, :, :keys], v[:, :, :keys], out[:, :, reach:],
+        lse[:, :, reach:] - end_bias[:, None], 0.0, True, attn_mask=_key_mask(padding, keys, q.dtype), scale=scale,
+    )  # fmt: skip
+
+
+def _band(table, reach, causal, length):
+    """The band's blocks and bias: (H, BAND_BLOCK, width) bias of block row r and key offset c (key s - M + 1 + c),
+    -inf outside the band, its classes, and (start, end, first key, end key, offset of the first key) per block."""
+    width = BAND_BLOCK + (reach - 1 if causal else 2 * reach - 2)
+    distance = torch.arange(width)[None, :] - (reach - 1) - torch.arange(BAND_BLOCK)[:, None]
+    outside = (distance.abs() >= reach) | (distance > 0 if causal else False)
+    classes = distance.clamp(-reach + 1, reach - 1) + reach
+    bias = table[:, classes].masked_fill(outside, float("-inf"))
+    blocks = []
+    for start in range(0, length, BAND_BLOCK):
+        end = min(start + BAND_BLOCK, length)
+        first = max(0, start - reach + 1)
+        last = end if causal else min(length, end + reach - 1)
+        blocks.append((start, end, first, last, first - (start - reach + 1)))
+    return bias, classes, blocks
+
+
+def _band_scores(q, k, bias, padding, start, end, first, last, offset, scale):
+    scores = torch.matmul(q[:, :, start:end], k[:, :, first:last].mT).mul_(scale)
+    scores += bias[:, : end - start, offset : offset + last - first]
+    if padding is not None:
+        scores.masked_fill_(padding[:, None, None, first:last], float("-inf"))
+    return scores
+
+
+def _band_forward(q, k, v, table, padding, causal, reach, scale):
+    """The band |j - i| < M: (B, H, n, D) output and (B, H, n) log-sum-exp, block by block."""
+    bias, _, blocks = _band(table, reach, causal, q.shape[2])
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    for start, end, first, last, offset in blocks:
+        scores = _band_scores(q, k, bias, padding, start, end, first, last, offset, scale)
+        peak = scores.amax(-1, keepdim=True).clamp_(min=PADDED)  # a row of padding only: exp(-inf) = 0
+        probs = scores.sub_(peak).exp_()
+        total = probs.sum(-1, keepdim=True)
+        out[:, :, start:end] = torch.matmul(probs, v[:, :, first:last]).div_(total.clamp(min=torch.finfo(q.dtype).tiny))
+        lse[:, :, start:end] = (peak + total.log()).squeeze(-1)
+    return out, lse
+
+
+def _band_backward(grad_out, q, k, v, lse, delta, table, padding, causal, reach, scale, dq, dk, dv, learned):
+    """Add the band's share to dq, dk, dv; returns the table's gradient over the band's classes (ends 0)."""
+    bias, classes, blocks = _band(table, reach, causal, q.shape[2])
+    dtable = torch.zeros_like(table) if learned else None
+    for start, end, first, last, offset in blocks:
+        scores = _band_scores(q, k, bias, padding, start, end, first, last, offset, scale)
+        probs = scores.sub_(lse[:, :, start:end, None]).exp_()
+        grad_block = grad_out[:, :, start:end]
+        grad_scores = torch.matmul(grad_block, v[:, :, first:last].mT).sub_(delta[:, :, start:end, None]).mul_(probs)
+        dv[:, :, first:last] += torch.matmul(probs.mT, grad_block)
+        dq[:, :, start:end] += torch.matmul(grad_scores, k[:, :, first:last]).mul_(scale)
+        dk[:, :, first:last] += torch.matmul(grad_scores.mT, q[:, :, start:end]).mul_(scale)
+        if learned:
+            block_classes = classes[: end - start, offset : offset + last - first]
+            dtable.index_add_(1, block_classes.flatten(), grad_scores.sum(0).flatten(1))
+    return dtable
