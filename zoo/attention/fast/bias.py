@@ -23,8 +23,9 @@ j >= i + M (the same on the reversed sequence; bidirectional only), and the band
 blocks of BAND_BLOCK rows. The backward gives each flash call the merged output and log-sum-exp, which makes its
 probabilities the whole attention's (less the constant), so dq, dk, dv are the parts' sums; the band's dS is
 explicit, which gives the table's near classes, and the end classes follow from sum_j dS[i, j] = 0 for each row:
-causal, d table[left end] = -(everything in the band); bidirectional, the left end's share of a row is
-p_left (dO . out_left - delta) from the left call's output, and the right end takes the rest.
+causal, d table[left end] = -(everything in the band); bidirectional, the left end's sum of dS is
+sum_j dv_left[j] . v[j] - sum_i P(left | i) delta_i (the left call's value gradient and log-sum-exp), and the right end
+takes the rest.
 """
 
 from __future__ import annotations
@@ -253,7 +254,7 @@ FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_back
 class _BandAndEnds(torch.autograd.Function):
     """T5 as the band |j - i| < M (explicit) and its two ends (constant bias: flash calls without a mask), merged
     by log-sum-exp (see the module's docstring). Saves q, k, v, the output and its log-sum-exp (bidirectional: also
-    the left end's output and log-sum-exp, for its share of the table's gradient)."""
+    the left end's log-sum-exp, for its share of the table's gradient)."""
 
     @staticmethod
     def forward(ctx, q, k, v, table, padding, causal, reach):
@@ -272,29 +273,39 @@ class _BandAndEnds(torch.autograd.Function):
         out.mul_((lse - merged).exp_()[..., None])
         for rows, part_out, part_lse in ends:
             out[:, :, rows].addcmul_(part_out, (part_lse - merged[:, :, rows]).exp_()[..., None])
-        ctx.save_for_backward(q, k, v, table, out, merged, *([] if causal else ends[0][1:]))
+        ctx.save_for_backward(q, k, v, table, out, merged, *([] if causal else ends[0][2:]))  # + the left end's lse
         ctx.settings = (padding, causal, reach, scale)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, table, out, lse, *left = ctx.saved_tensors
+        q, k, v, table, out, lse, *left_lse = ctx.saved_tensors
         padding, causal, reach, scale = ctx.settings
-        # the ends' gradients cover rows M ... n - 1 (dq) and keys 0 ... n - M - 1 (dk, dv); padded to n rows only
-        # after the kernel has freed its scratch, so that the peak holds one set of them
+        # the ends' gradients: the left end's cover rows M ... n - 1 (dq) and keys 0 ... n - M - 1 (dk, dv), the right
+        # end's (bidirectional) rows 0 ... n - M - 1 and keys M ... n - 1. The right end first, while no whole-sequence
+        # gradient is held beside its reversed inputs; each padded to n rows only after its kernel call has returned
         length = q.shape[2]
-        dq, dk, dv = _end_backward(grad_out, q, k, v, out, lse, table[:, 0], padding, reach, scale)
-        dq = torch.nn.functional.pad(dq, (0, 0, reach, 0))
-        dk, dv = (torch.nn.functional.pad(g, (0, 0, 0, reach)) for g in (dk, dv))
-        if not causal:  # the right end: rows 0 ... n - M - 1, keys M ... n - 1
+        learned = ctx.needs_input_grad[3]
+        delta = (grad_out * out).sum(-1)  # (B, H, n)
+        if causal:
+            grads = _end_backward(grad_out, q, k, v, out, lse, table[:, 0], padding, reach, scale)
+            dq = torch.nn.functional.pad(grads[0], (0, 0, reach, 0))
+            dk, dv = (torch.nn.functional.pad(g, (0, 0, 0, reach)) for g in grads[1:])
+            del grads
+        else:
             right = _end_backward(*_reversed(grad_out, q, k, v, out, lse), table[:, -1], _reversed_padding(padding),
                                   reach, scale)  # fmt: skip
-            right_dq, right_dk, right_dv = _reversed(*right)
-            dq[:, :, : length - reach] += right_dq
-            dk[:, :, reach:] += right_dk
-            dv[:, :, reach:] += right_dv
-        delta = (grad_out * out).sum(-1)  # (B, H, n)
-        learned = ctx.needs_input_grad[3]
+            dq = torch.nn.functional.pad(right[0].flip(2), (0, 0, 0, reach))
+            dk, dv = (torch.nn.functional.pad(g.flip(2), (0, 0, reach, 0)) for g in right[1:])
+            del right
+            left_dq, left_dk, left_dv = _end_backward(grad_out, q, k, v, out, lse, table[:, 0], padding, reach, scale)
+            dq[:, :, reach:] += left_dq
+            dk[:, :, : length - reach] += left_dk
+            dv[:, :, : length - reach] += left_dv
+            if learned:  # sum of dS over the left end: sum P dP (= sum_j dv_j . v_j) less sum_i P(left | i) delta_i
+                left_share = (left_dv * v[:, :, : length - reach]).sum((0, 2, 3))
+                left_share -= ((left_lse[0] - lse[:, :, reach:]).exp_() * delta[:, :, reach:]).sum((0, 2))
+            del left_dq, left_dk, left_dv
         dtable = _band_backward(grad_out, q, k, v, lse, delta, table, padding, causal, reach, scale, dq, dk, dv,
                                 learned)  # fmt: skip
         if learned:
@@ -302,13 +313,8 @@ class _BandAndEnds(torch.autograd.Function):
             if causal:
                 dtable[:, 0] = -band
             else:
-                left_out, left_lse = left
-                rows = slice(reach, q.shape[2])
-                share = (left_lse - lse[:, :, rows]).exp_() * (
-                    (grad_out[:, :, rows] * left_out).sum(-1) - delta[:, :, rows]
-                )
-                dtable[:, 0] = share.sum((0, 2))
-                dtable[:, -1] = -band - dtable[:, 0]
+                dtable[:, 0] = left_share
+                dtable[:, -1] = -band - left_share
         return dq, dk, dv, dtable, None, None, None
 
 
