@@ -325,14 +325,11 @@ def table(results: dict[str, dict]) -> str:
 
 def seed_summary(results: dict[str, dict]) -> str:
     """Per model (runs named <model>_s<seed>) and method: the mean AUC over seeds and its range."""
-    by_model: dict[str, list[dict]] = {}
-    for run, methods in results.items():
-        by_model.setdefault(run.rsplit("_s", 1)[0], []).append(methods)
     lines = [
         "| model | seeds | method | deletion AUC mean (range) | insertion AUC mean (range) |",
         "|---|---|---|---|---|",
     ]
-    for model, seeds in by_model.items():
+    for model, seeds in by_model(results).items():
         for method in seeds[0]:
             cells = []
             for name in ("deletion", "insertion"):
@@ -342,24 +339,36 @@ def seed_summary(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def by_model(results: dict[str, dict]) -> dict[str, list[dict]]:
+    """The runs of each model (runs named <model>_s<seed>), in their order."""
+    models: dict[str, list[dict]] = {}
+    for run, methods in results.items():
+        models.setdefault(run.rsplit("_s", 1)[0], []).append(methods)
+    return models
+
+
 def plot(results: dict[str, dict], path: Path, columns: int = 5) -> None:
-    """Per run, its deletion curves above its insertion curves, `columns` runs a row."""
-    runs = list(results)
-    columns = min(columns, len(runs))
-    blocks = -(-len(runs) // columns)
+    """Per model, its deletion curves above its insertion curves (each the mean over its seeds), `columns` models a
+    row; the legend gives each method's mean AUC."""
+    models = by_model(results)
+    columns = min(columns, len(models))
+    blocks = -(-len(models) // columns)
     figure = Figure(figsize=(3.6 * columns, 6.4 * blocks), dpi=80, layout="constrained")
     axes = np.asarray(figure.subplots(2 * blocks, columns, squeeze=False))
     for panel in axes.ravel():
         panel.set_visible(False)
-    for index, run in enumerate(runs):
+    for index, (model, seeds) in enumerate(models.items()):
         block, column = divmod(index, columns)
         for row, name in enumerate(("deletion", "insertion")):
             panel = axes[2 * block + row, column]
             panel.set_visible(True)
-            for method, values in results[run].items():
-                style = ":" if method == "random" else "-"
-                panel.plot(FRACTIONS, values[name]["curve"], style, label=f"{method} ({values[name]['auc']:.2f})")
-            panel.set(title=f"{run}: {name}", xlabel=f"share of tokens {name[:-3]}ed", ylabel="p(predicted class)")
+            for method in seeds[0]:
+                curve = np.mean([seed[method][name]["curve"] for seed in seeds], axis=0)
+                auc = np.mean([seed[method][name]["auc"] for seed in seeds])
+                panel.plot(FRACTIONS, curve, ":" if method == "random" else "-", label=f"{method} ({auc:.2f})")
+            title = f"{model} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''}): {name}"
+            panel.set(title=title, xlabel=f"share of tokens {name[:-3]}ed", ylabel="p(predicted class)")
+            panel.title.set_fontsize(8)
             panel.set_ylim(0, 1.02)
             panel.legend(fontsize=7)
     figure.savefig(path)
