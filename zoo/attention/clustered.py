@@ -145,6 +145,9 @@ def clustered_attention(
     dtype = q.dtype
     key_mask = torch.zeros(rows, real.shape[1], 2 * chunk, dtype=dtype, device=q.device)
     key_mask.masked_fill_(~torch.cat([previous_usable, usable], dim=-1), float("-inf"))
+    if use_fast_kernels() and fast_clustered.applies_causal((q, k, v), dropout_p, causal, no_self, bias):
+        out, lse = fast_clustered.causal_chunks(queries, keys, values, key_mask.flatten(0, 1))
+        return _to_tokens(out, lse, has_key, slots, (batch, heads, length, dim), need_lse)
     mask = key_mask[:, :, None, :].expand(rows, real.shape[1], chunk, 2 * chunk)
     if causal:
         triangle = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
