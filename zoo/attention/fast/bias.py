@@ -33,6 +33,8 @@ from __future__ import annotations
 import torch
 
 from zoo.attention.biases import ALiBi, T5RelativeBias, constant_beyond, distance_table
+from zoo.attention.fast.blocks import merge_into
+from zoo.attention.functional import additive_mask
 
 PADDED = -1e30  # the extra key channel of a padded key: exp underflows to exactly 0 after the softmax's shift
 # fp32 backward: bias entries whose probability is surely below exp(-UNDERFLOW) count as -inf (their share of any
@@ -247,10 +249,6 @@ def _table_grad(
     dtable[:, 2 * reach] += column_sums[:, : max(0, first - offset)].sum(-1)  # keys from hi on
 
 
-FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-
-
 class _BandAndEnds(torch.autograd.Function):
     """T5 as the band |j - i| < M (explicit) and its two ends (constant bias: flash calls without a mask), merged
     by log-sum-exp (see the module's docstring). Saves q, k, v, the output and its log-sum-exp (bidirectional: also
@@ -266,14 +264,10 @@ class _BandAndEnds(torch.autograd.Function):
         if not causal:
             right = _end_forward(*_reversed(q, k, v), table[:, -1], _reversed_padding(padding), reach, scale)
             ends.append((slice(0, length - reach), *_reversed(*right)))
-        merged = lse.clone()
-        for rows, _, part_lse in ends:
-            torch.logaddexp(merged[:, :, rows], part_lse, out=merged[:, :, rows])
-        merged.clamp_(min=PADDED)  # rows that see no key at all: every part's weight exp(-inf - PADDED) is 0
-        out.mul_((lse - merged).exp_()[..., None])
         for rows, part_out, part_lse in ends:
-            out[:, :, rows].addcmul_(part_out, (part_lse - merged[:, :, rows]).exp_()[..., None])
-        ctx.save_for_backward(q, k, v, table, out, merged, *([] if causal else ends[0][2:]))  # + the left end's lse
+            merge_into(out[:, :, rows], lse[:, :, rows], part_out, part_lse)
+        lse.clamp_(min=PADDED)  # rows that see no key at all: the backward's probabilities exp(-inf - PADDED) = 0
+        ctx.save_for_backward(q, k, v, table, out, lse, *([] if causal else ends[0][2:]))  # + the left end's lse
         ctx.settings = (padding, causal, reach, scale)
         return out
 
@@ -288,16 +282,17 @@ class _BandAndEnds(torch.autograd.Function):
         learned = ctx.needs_input_grad[3]
         delta = (grad_out * out).sum(-1)  # (B, H, n)
         if causal:
-            grads = _end_backward(grad_out, q, k, v, out, lse, table[:, 0], padding, reach, scale)
-            dq = torch.nn.functional.pad(grads[0], (0, 0, reach, 0))
-            dk, dv = (torch.nn.functional.pad(g, (0, 0, 0, reach)) for g in grads[1:])
-            del grads
+            dq, dk, dv = _end_backward(grad_out, q, k, v, out, lse, table[:, 0], padding, reach, scale)
+            # one at a time, each partial freed as its padded copy replaces it
+            dq = torch.nn.functional.pad(dq, (0, 0, reach, 0))
+            dk = torch.nn.functional.pad(dk, (0, 0, 0, reach))
+            dv = torch.nn.functional.pad(dv, (0, 0, 0, reach))
         else:
-            right = _end_backward(*_reversed(grad_out, q, k, v, out, lse), table[:, -1], _reversed_padding(padding),
-                                  reach, scale)  # fmt: skip
-            dq = torch.nn.functional.pad(right[0].flip(2), (0, 0, 0, reach))
-            dk, dv = (torch.nn.functional.pad(g.flip(2), (0, 0, reach, 0)) for g in right[1:])
-            del right
+            dq, dk, dv = _end_backward(*_reversed(grad_out, q, k, v, out, lse), table[:, -1],
+                                       _reversed_padding(padding), reach, scale)  # fmt: skip
+            dq = torch.nn.functional.pad(dq.flip(2), (0, 0, 0, reach))
+            dk = torch.nn.functional.pad(dk.flip(2), (0, 0, reach, 0))
+            dv = torch.nn.functional.pad(dv.flip(2), (0, 0, reach, 0))
             left_dq, left_dk, left_dv = _end_backward(grad_out, q, k, v, out, lse, table[:, 0], padding, reach, scale)
             dq[:, :, reach:] += left_dq
             dk[:, :, : length - reach] += left_dk
@@ -329,18 +324,17 @@ def _reversed_padding(padding: torch.Tensor | None) -> torch.Tensor | None:
 
 def _key_mask(padding: torch.Tensor | None, keys: int, dtype: torch.dtype) -> torch.Tensor | None:
     """(B, 1, 1, keys) additive mask of the first `keys` keys' padding, broadcast by the flash kernel."""
-    if padding is None:
-        return None
-    mask = torch.zeros(padding.shape[0], 1, 1, keys, dtype=dtype)
-    return mask.masked_fill_(padding[:, None, None, :keys], float("-inf"))
+    return None if padding is None else additive_mask(~padding[:, None, None, :keys], dtype)
 
 
 def _end_forward(q, k, v, end_bias, padding, reach, scale):
     """The keys j <= i - M with their one bias value, for the rows M ... n - 1: (B, H, n - M, D) output and
     (B, H, n - M) log-sum-exp, -inf for the rows whose keys there are all padding."""
     keys = q.shape[2] - reach
-    out, lse = FLASH(q[:, :, reach:], k[:, :, :keys], v[:, :, :keys], is_causal=True,
-                     attn_mask=_key_mask(padding, keys, q.dtype), scale=scale)  # fmt: skip
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q[:, :, reach:], k[:, :, :keys], v[:, :, :keys], is_causal=True,
+        attn_mask=_key_mask(padding, keys, q.dtype), scale=scale,
+    )  # fmt: skip
     lse += end_bias[:, None]
     if padding is not None:  # the kernel gives a row without keys log-sum-exp 0
         seen = (~padding[:, :keys]).cummax(dim=1).values
@@ -353,7 +347,7 @@ def _end_backward(grad_out, q, k, v, out, lse, end_bias, padding, reach, scale):
     attention's output and log-sum-exp (less the end's bias, which the kernel does not add), whose probabilities then
     are the whole attention's."""
     keys = q.shape[2] - reach
-    return FLASH_BACKWARD(
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         grad_out[:, :, reach:], q[:, :, reach:], k[:, :, :keys], v[:, :, :keys], out[:, :, reach:],
         lse[:, :, reach:] - end_bias[:, None], 0.0, True, attn_mask=_key_mask(padding, keys, q.dtype), scale=scale,
     )  # fmt: skip

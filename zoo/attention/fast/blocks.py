@@ -18,6 +18,16 @@ def block_windows(x: torch.Tensor, left: int, right: int, block: int, n_blocks: 
     return _BlockWindows.apply(x, left, right, block, n_blocks, windows)
 
 
+def merge_into(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor) -> None:
+    """out (..., L, D) and lse (..., L) in place <- the softmax over their keys and a disjoint part's (part_out,
+    part_lse of the same shapes), by log-sum-exp. A row with no key in either (both -inf) weighs both by 0 and
+    keeps lse -inf."""
+    merged = torch.logaddexp(lse, part_lse)
+    finite = merged.clamp(min=-1e30)  # exp(-inf - finite) = 0 where a row has no key at all
+    out.mul_((lse - finite).exp_()[..., None]).addcmul_(part_out, (part_lse - finite).exp_()[..., None])
+    lse.copy_(merged)
+
+
 def fused_union(merge, layouts, masks, has_keys, shape, queries, keys, values) -> torch.Tensor:
     """The parts' (queries, keys, values) through the fused kernel, merged by `merge`: (B, n, H, D)."""
     return _FusedUnion.apply(merge, layouts, masks, has_keys, shape, *queries, *keys, *values)

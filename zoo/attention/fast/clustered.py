@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from zoo.attention.fast.blocks import fused_kernel_applies
+from zoo.attention.fast.blocks import fused_kernel_applies, merge_into
 
 
 def applies(inputs: tuple[torch.Tensor, ...], dropout_p: float) -> bool:
@@ -47,9 +47,8 @@ def causal_chunks(
     # the kernel gives a row that sees no key of a part log-sum-exp 0 and output 0: count such a part as absent
     lse = lse.masked_fill(key_mask[:, None, :chunk].isinf().all(-1), float("-inf"))
     own_lse = own_lse.masked_fill(_no_own_key(key_mask[:, chunk:]), float("-inf"))
-    merged = torch.logaddexp(lse, own_lse).clamp_(min=-1e30)
-    out = out.mul_((lse - merged).exp_()[..., None]).addcmul_(own_out, (own_lse - merged).exp_()[..., None])
-    return out, merged
+    merge_into(out, lse, own_out, own_lse)
+    return out, lse
 
 
 def _no_own_key(own_mask: torch.Tensor) -> torch.Tensor:
