@@ -69,6 +69,24 @@ def test_the_task_scores_only_the_queries(monkeypatch: pytest.MonkeyPatch) -> No
     answers = targets.clamp(min=0)  # right at the 4 queries; 0 (wrong) at every other position
     answers[1, 8] = 1  # one query of the four answered wrong
     logits = torch.nn.functional.one_hot(answers, 10).float()
-    monkeypatch.setattr(task, "network", lambda: lambda x: logits)
-    task._accuracy((inputs, targets), task.test_acc)
+    monkeypatch.setattr(task, "network", lambda: lambda x, scored: logits[scored])
+    task.test_step((inputs, targets), 0)
     assert float(task.test_acc.compute()) == pytest.approx(0.75)
+
+
+def test_the_loss_at_the_queries_alone_is_the_language_model_loss() -> None:
+    """The head runs at the queries only: the same loss and gradients as the full (B, T, vocab) logits with every
+    other target ignored (fp64)."""
+    from zoo.tasks.associative_recall import AssociativeRecallTask
+
+    torch.manual_seed(0)
+    task = AssociativeRecallTask(net={"vocab_size": 16, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 8},
+                                 sample={"max_new_tokens": 0}).double()  # fmt: skip
+    batch = generate_mqar(3, 16, 3, vocab_size=16, seed=1)
+    parameters = list(task.net.parameters())
+    reference = torch.nn.functional.cross_entropy(task.net(batch[0]).flatten(0, 1), batch[1].flatten())
+    expected = torch.autograd.grad(reference, parameters)
+    loss = task._loss(batch)
+    torch.testing.assert_close(loss, reference, rtol=1e-12, atol=1e-12)
+    for got, want in zip(torch.autograd.grad(loss, parameters), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

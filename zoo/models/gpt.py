@@ -206,9 +206,15 @@ class GPT(nn.Module):
         idx: torch.Tensor,
         caches: list[dict[str, Any]] | None = None,
         document_ids: torch.Tensor | None = None,
+        scored: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Token ids (B, T) -> next-token logits (B, T, vocab_size); document_ids (B, T): packed documents."""
-        return self.forward_head(self.forward_features(idx, caches, document_ids))
+        """Token ids (B, T) -> next-token logits (B, T, vocab_size); document_ids (B, T): packed documents.
+
+        scored (B, T) bool: the logits of those positions only, (N, vocab_size) in row-major order. A task whose
+        loss counts a few positions of each row (associative recall's queries) skips the head, the largest matrix
+        product of a small model with a large vocabulary, everywhere else."""
+        features = self.forward_features(idx, caches, document_ids)
+        return self.forward_head(features if scored is None else features[scored])
 
     @torch.no_grad()
     def generate(
