@@ -99,9 +99,14 @@ LISTOPS_RECIPE = (
     *(o for o in CANDIDATES[LISTOPS_CHOICE] if not o.startswith("trainer.val_check_interval")),
 )
 LISTOPS_LENGTH = int(next(o for o in LISTOPS_RECIPE if o.startswith("data.max_length=")).split("=")[1])
-# MQAR (Zoology's setting of the middle length: 256 tokens, 16 pairs; its widths 64 and 128): (sequence length,
-# key-value pairs, model widths, budget); a vocabulary of 8192 as Zoology's. --quick: 64 tokens, 4 pairs, width 64.
-MQAR = (256, 16, (64, 128), ("data.num_train=20000", "trainer.max_steps=2000", "trainer.val_check_interval=500"))
+# MQAR: Zoology's smallest setting (64 tokens, 4 pairs, its widths 64 and 128, one head) with the vocabulary and
+# training set of its quick-start config (128 tokens, 10,000 examples), 2000 steps of batch 64 (~2-5 min a job at
+# one thread). Its middle setting (256 tokens, 16 pairs, vocabulary 8192) and 64 tokens with 8 or 16 pairs kept
+# full attention itself at the plateau before recall (the share of a guess among the sequence's values) for
+# 2000-3000 steps, a column measuring nothing: results/variant_study_checks.md. (sequence length, key-value
+# pairs, model widths, budget); --quick: 64 tokens, 4 pairs, width 64, 60 steps.
+MQAR = (64, 4, (64, 128), ("data.vocab_size=128", "data.num_train=10000", "trainer.max_steps=2000",
+                           "trainer.val_check_interval=500"))  # fmt: skip
 MQAR_QUICK = (64, 4, (64,), ("data.vocab_size=256", "data.num_train=2000", "data.num_test=200", "trainer.max_steps=60",
                              "trainer.val_check_interval=60"))  # fmt: skip
 QUICK_ROWS = ("full", "linear")  # --quick without --rows: attention and its best-known substitute

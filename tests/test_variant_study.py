@@ -461,7 +461,7 @@ def test_reuse_writes_the_page_from_the_ledger_alone_and_runs_nothing(tmp_path: 
 
 def test_the_learning_listops_and_the_mqar_columns_compose_as_their_recipes_say(tmp_path: Path) -> None:
     """ListOps: experiments/listops_recipe.py's chosen candidate, the same test set as its search; MQAR: Zoology's
-    256 tokens and 16 pairs, a 2-layer GPT at widths 64 and 128, scored on the queries."""
+    64 tokens and 4 pairs (vocabulary 128), a 2-layer one-head GPT at widths 64 and 128, scored on the queries."""
     from experiments.listops_recipe import CANDIDATES
 
     columns = {task.key: task for task in variant_study.tasks(variant_study.parse_args(["--shared", str(tmp_path)]))}
@@ -472,8 +472,9 @@ def test_the_learning_listops_and_the_mqar_columns_compose_as_their_recipes_say(
     assert listops.trainer.max_steps == int(chosen["trainer.max_steps"]) and listops.data.num_test == 1000
     for width in (64, 128):
         mqar = variant_study.compose(list(columns[f"mqar_w{width}"].overrides), tmp_path / f"mqar{width}")
-        assert mqar.model.net.n_embd == width and mqar.model.net.n_layer == 2 and mqar.data.vocab_size == 8192
-        assert (mqar.data.seq_len, mqar.data.num_kv_pairs) == (256, 16) and mqar.model.net.block_size == 256
+        assert mqar.model.net.n_embd == width and mqar.model.net.n_layer == 2 and mqar.data.vocab_size == 128
+        assert (mqar.data.seq_len, mqar.data.num_kv_pairs) == (64, 4) and mqar.model.net.block_size == 64
+        assert mqar.model.net.n_head == 1 and mqar.trainer.max_steps == 2000
         assert mqar.model._target_.endswith("AssociativeRecallTask") and columns[f"mqar_w{width}"].metric == "test/acc"
     quick = {task.key for task in variant_study.tasks(variant_study.parse_args(["--quick"]))}
     assert {"listops", "mqar_w64"} <= quick and "mqar_w128" not in quick
