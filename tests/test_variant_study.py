@@ -478,3 +478,31 @@ def test_the_learning_listops_and_the_mqar_columns_compose_as_their_recipes_say(
         assert mqar.model._target_.endswith("AssociativeRecallTask") and columns[f"mqar_w{width}"].metric == "test/acc"
     quick = {task.key for task in variant_study.tasks(variant_study.parse_args(["--quick"]))}
     assert {"listops", "mqar_w64"} <= quick and "mqar_w128" not in quick
+
+
+def test_the_zoology_anchor_says_whether_full_attention_is_ahead_of_linear_attention() -> None:
+    """Reproduced only when full attention's interval lies above linear attention's (3 seeds each); overlapping
+    intervals are "not shown", a linear median as high is "not reproduced"; other rows at full's level or below."""
+
+    def ok(values: list[float]) -> dict:
+        return variant_study.summarise([{"status": "ok", "value": v, "wall_s": 60} for v in values])
+
+    quality = [("mqar_w64", "MQAR w64", 3, True), ("vit_digits", "ViT", 3, True)]
+    cells = {"full": {"mqar_w64": ok([0.94, 0.95, 0.96])}, "linear": {"mqar_w64": ok([0.27, 0.28, 0.29])},
+             "rope": {"mqar_w64": ok([0.93, 0.96, 0.97])}, "local": {"mqar_w64": ok([0.5, 0.6, 0.7])}}  # fmt: skip
+    (line,) = variant_study.zoology_anchor(cells, quality)
+    assert "full 0.950, linear 0.280 (3 and 3 seeds): **reproduced**" in line
+    assert "At full attention's level (interval overlapping its): rope; below it: local 0.600, linear 0.280" in line
+    cells["linear"]["mqar_w64"] = ok([0.5, 0.9, 0.955])
+    assert (
+        "not shown: full attention's median is higher but the intervals overlap"
+        in variant_study.zoology_anchor(cells, quality)[0]
+    )
+    cells["linear"]["mqar_w64"] = ok([0.96, 0.97, 0.98])
+    assert "**not reproduced**" in variant_study.zoology_anchor(cells, quality)[0]
+    cells["linear"]["mqar_w64"] = ok([0.2])
+    assert "too few seeds to say (3 and 1; 3 needed)" in variant_study.zoology_anchor(cells, quality)[0]
+    del cells["linear"]
+    assert variant_study.zoology_anchor(cells, quality) == [
+        "- MQAR w64: not yet measured (full or linear has no number)"
+    ]
