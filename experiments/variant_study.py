@@ -115,6 +115,10 @@ QUICK_ROWS = ("full", "linear")  # --quick without --rows: attention and its bes
 LEDGER = "variant_study_runs"  # beside the results: every finished job's record (see the module docstring)
 # n -> (vocabulary, padding id): the pixel task, LRA's ListOps, the learning ListOps column
 SPEED_SHAPES = {784: (256, None), 2000: (16, 0), 256: (16, 0)}
+# Kernels whose cost grows too fast to time a training step at every length: the longest n timed. Additive
+# attention forms tanh(W q + U k) for every (query, key) pair, a (n, n, head_dim) tensor per head: at n=2000 a step
+# is minutes long, ten of them per row (profile with experiments/attention_benchmark.py --variants additive).
+SPEED_LONGEST = {"additive": 784}
 
 # Long Range Arena, Tay et al. 2021, Table 1 (accuracy %, as the LRA repository's leaderboard of 8 Nov 2020):
 # ListOps (up to 2000 tokens) and Image (CIFAR-10 as 1024 grey pixels), with the row of ours each matches.
@@ -677,6 +681,11 @@ def step_times(rows: list[Row], quick: bool, shapes: dict[int, tuple[int, int | 
     models, results = {}, {row.name: {} for row in rows}
     for row in rows:
         for n, (vocabulary, padding_id) in shapes.items():
+            longest = SPEED_LONGEST.get(row.attention.get("variant"))
+            if longest is not None and n > longest:
+                reason = f"not timed beyond n={longest}: {row.attention['variant']} attention's step grows as n^2 * d"
+                results[row.name][n] = {"status": "error", "reason": reason}
+                continue
             try:
                 config = SequenceClassifierConfig(
                     vocab_size=vocabulary, max_length=n, padding_id=padding_id, dim=64, depth=2, num_heads=4,
