@@ -534,11 +534,15 @@ def variant_study_markdown(out: Path) -> str:
     page = out / "variant_study.md"
     if not page.is_file():
         return "## The variant study\n\nNot run yet: `python experiments/reproduce.py --only variants`."
-    found = re.search(r"^## Which setting wins where\n\n(.*?)(?=^## |\Z)", page.read_text(), re.M | re.S)
+    text = page.read_text()
+    found = re.search(r"^## Which setting wins where\n\n(.*?)(?=^## |\Z)", text, re.M | re.S)
     winners = found.group(1).strip() if found else ""
+    zoology = re.search(r"^## Published anchor: Zoology.*?\n\n.*?\n\n(.*?)(?=^## |^!\[|\Z)", text, re.M | re.S)
+    anchor = f"\n\nAssociative recall against Zoology's ordering (full attention ahead of linear):\n\n" \
+        f"{zoology.group(1).strip()}" if zoology else ""  # fmt: skip
     return (
         "## The variant study\n\nEvery attention setting in every model family and on the long-range tasks, quality "
-        f"next to speed: [variant_study.md](variant_study.md). Best setting per column:\n\n{winners}"
+        f"next to speed: [variant_study.md](variant_study.md). Best setting per column:\n\n{winners}{anchor}"
     )
 
 

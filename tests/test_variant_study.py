@@ -484,7 +484,7 @@ def test_the_learning_listops_and_the_mqar_columns_compose_as_their_recipes_say(
     assert {"listops", "mqar_w64"} <= quick and "mqar_w128" not in quick
 
 
-def test_the_zoology_anchor_says_whether_full_attention_is_ahead_of_linear_attention() -> None:
+def test_the_zoology_anchor_says_whether_full_attention_is_ahead_of_linear_attention(tmp_path: Path) -> None:
     """Reproduced only when full attention's interval lies above linear attention's (3 seeds each); overlapping
     intervals are "not shown", a linear median as high is "not reproduced"; other rows at full's level or below."""
 
@@ -497,6 +497,16 @@ def test_the_zoology_anchor_says_whether_full_attention_is_ahead_of_linear_atten
     (line,) = variant_study.zoology_anchor(cells, quality)
     assert "full 0.950, linear 0.280 (3 and 3 seeds): **reproduced**" in line
     assert "At full attention's level (interval overlapping its): rope; below it: local 0.600, linear 0.280" in line
+    # on the page, under its own heading, and in RESULTS.md's section
+    args = quick_args(tmp_path)
+    rows = [variant_study.Row(name, (), {"variant": name}, "test") for name in cells]
+    columns = [task for task in variant_study.tasks(args) if task.key == "mqar_w64"]
+    speed = {"batch": 0, "steps": 0, "rounds": 0, "threads": 0, "lengths": [], "rows": {}}
+    text = variant_study.markdown(args, {"CPU": "test"}, rows, [], columns, cells, speed, 0.1)
+    assert "## Published anchor: Zoology (Arora et al. 2023, Figure 2)" in text and "**reproduced**" in text
+    (tmp_path / "variant_study.md").write_text(text)
+    section = reproduce.variant_study_markdown(tmp_path)
+    assert "Zoology's ordering" in section and "linear 0.280 (3 and 3 seeds): **reproduced**" in section
     cells["linear"]["mqar_w64"] = ok([0.5, 0.9, 0.955])
     assert (
         "not shown: full attention's median is higher but the intervals overlap"
