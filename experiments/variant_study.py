@@ -36,7 +36,8 @@ one-line error (bad input: a variant that cannot run a task by definition) shows
 
 Results: experiments/results/variant_study.{md,json,png} (--quick: experiments/results/quick/), with every job's
 wall time, date and the machine; the jobs' folders are outputs/variant_study/<mode>/<task>/<row>-seed<n>/ (an '='
-in a row's name written as '-'). Every job that finished with a number is also recorded in the ledger,
+in a row's name written as '-'). Every job that finished with a number or a one-line error is also recorded in
+the ledger,
 <results>/variant_study_runs/<task>/<row>-seed<n>.json (committed with the results): the full study takes longer
 than one sitting, so `--resume` also takes a job from the ledger, and the study can be run a few rows or tasks at
 a time (`--rows`, `--tasks`), on different days, and assembled by a last `--reuse` run, which runs nothing (a job
@@ -459,11 +460,14 @@ NOT_RUN = {"status": "not run", "reason": "not run yet"}  # --reuse: a job witho
 
 def run_job(job: Job, reuse: bool, ledger: Path | None = None, machine_name: str = "", run: bool = True) -> dict:
     """Run one job (or, with `reuse`, take its record from its folder or the ledger; with `run` False, NOT_RUN
-    where there is none). A job that ends with a number is also written to the ledger; errors and failures are not
-    (they are redone next time)."""
+    where there is none). A job that ends with a number, or with a one-line error (a row that cannot run the task
+    by definition), is also written to the ledger, so that --reuse shows its number or its reason; failures are
+    not. A recorded error is redone whenever jobs may run (`run`: --resume): it ends in seconds, and the code may
+    run that row now."""
     own = job.folder / "study_result.json"
     in_ledger = [ledger_file(ledger, job)] if ledger is not None else []
-    if (reuse or not run) and (found := kept([own, *in_ledger])) is not None:
+    found = kept([own, *in_ledger]) if reuse or not run else None
+    if found is not None and not (run and found["status"] == "error"):
         return {**found, "reused": True}
     if not run:
         return dict(NOT_RUN)
@@ -487,7 +491,7 @@ def run_job(job: Job, reuse: bool, ledger: Path | None = None, machine_name: str
                   machine=machine_name, command="python run.py " + " ".join(job.arguments))  # fmt: skip
     outcome = fmt(result.get("value"), job.task.digits) if result["status"] == "ok" else result["reason"]
     print(f"{result['status']} {outcome} ({wall:.0f} s)", flush=True)
-    record(result, [own, *(in_ledger if result["status"] == "ok" else [])])
+    record(result, [own, *(in_ledger if result["status"] in ("ok", "error") else [])])
     return result
 
 

@@ -122,7 +122,8 @@ def test_a_column_without_its_data_is_announced_with_the_option_that_finds_it(tm
 
 def test_finished_jobs_go_to_the_ledger_and_reuse_takes_them_from_it(tmp_path: Path, monkeypatch) -> None:
     """The full study spans sessions: a job that ended with a number is recorded in the ledger (committed with the
-    results), and --reuse takes it from there when its job folder is gone; errors are not kept (redone)."""
+    results), and --reuse takes it from there when its job folder is gone; a one-line error is kept too (--reuse
+    shows its reason) and redone by --resume; a failure is not kept."""
     values = iter([0.91, 0.5])
 
     def fake_run(arguments: list[str], log: Path) -> int:
@@ -152,7 +153,22 @@ def test_finished_jobs_go_to_the_ledger_and_reuse_takes_them_from_it(tmp_path: P
     bad = variant_study.Task("vit_bad", "ViT", "test/acc", True, ("model=vit",))
     monkeypatch.setattr(variant_study, "run_in_process", lambda arguments, log: log.write_text("error: no") and 2)
     error = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "b"), False, ledger)
-    assert error["status"] == "error" and not (ledger / "vit_bad").exists()
+    assert error["status"] == "error" and json.loads((ledger / "vit_bad" / "full+kv_heads-1-seed0.json").read_text())
+    shown = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "c"), True, ledger, run=False)
+    assert shown["reason"] == "no" and shown["reused"]  # --reuse: the reason, from the ledger
+    calls = []
+
+    def still_bad(arguments: list[str], log: Path) -> int:
+        calls.append(arguments)
+        log.write_text("error: still no")
+        return 2
+
+    monkeypatch.setattr(variant_study, "run_in_process", still_bad)
+    redone = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "c"), True, ledger)  # --resume
+    assert len(calls) == 1 and redone["reason"] == "still no"
+    monkeypatch.setattr(variant_study, "run_in_process", lambda arguments, log: log.write_text("Traceback") and 1)
+    failed = variant_study.run_job(variant_study.Job(bad, row, 1, tmp_path / "runs" / "d"), False, ledger)
+    assert failed["status"] == "failed" and not (ledger / "vit_bad" / "full+kv_heads-1-seed1.json").exists()
     assert variant_study.parse_args(["--ledger", "none"]).ledger is None
     assert variant_study.parse_args(["--out", str(tmp_path)]).ledger == tmp_path / variant_study.LEDGER
 
