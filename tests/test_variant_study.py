@@ -226,7 +226,7 @@ def test_step_times_measure_every_row_at_every_length() -> None:
     additive = [row for row in variant_study.discover_rows()[0] if row.name == "additive"]
     speed = variant_study.step_times(additive, quick=True, shapes={16: (16, 0), 4000: (16, 0)})
     assert speed["rows"]["additive"][16]["status"] == "ok"
-    assert speed["rows"]["additive"][4000]["reason"].startswith("not timed beyond n=784: additive attention")
+    assert speed["rows"]["additive"][4000]["reason"].startswith("not timed beyond n=256: additive attention")
 
 
 def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Path) -> None:
