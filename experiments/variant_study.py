@@ -972,6 +972,8 @@ def plot(cells: dict, quality: list[tuple[str, str, int, bool]], path: Path, pri
     import matplotlib.pyplot as plt
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
+    if not quality:
+        return  # a run of the speed table alone (--tasks speed): no quality column to draw
     columns = min(4, len(quality))
     rows = math.ceil(len(quality) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.0 * rows), squeeze=False)

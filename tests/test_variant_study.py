@@ -104,7 +104,7 @@ def test_a_job_that_cannot_run_shows_its_one_line_error_and_missing_data_skips(t
     result = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "bad"), reuse=False)
     assert result["status"] == "error" and "patch" in result["reason"] and "\n" not in result["reason"]
     assert f"vit_bad / full / seed 0 ... error {result['reason']} (" in capsys.readouterr().out  # the progress line
-    again = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "bad"), reuse=True)
+    again = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "bad"), reuse=True, run=False)
     assert again == {**result, "reused": True}  # --reuse reads the record instead of running again
     gpt = next(task for task in variant_study.tasks(args) if task.key == "gpt_char")
     skipped = variant_study.run_job(variant_study.Job(gpt, row, 0, tmp_path / "runs" / "gpt"), reuse=False)
@@ -273,6 +273,8 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
     assert "- ViT digits (test acc): **full** (0.960 [0.950, 0.970], 5 seed(s); its interval excludes" in text
     variant_study.plot(cells, variant_study.columns_of(columns), tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
+    variant_study.plot(cells, [], tmp_path / "speed_only.png")  # --tasks speed: nothing to draw, no error
+    assert not (tmp_path / "speed_only.png").exists()
     (tmp_path / "variant_study.md").write_text(text)
     section = reproduce.variant_study_markdown(tmp_path)  # what RESULTS.md shows of it
     assert "[variant_study.md](variant_study.md)" in section and "**full** (0.960" in section
