@@ -37,13 +37,12 @@ one-line error (bad input: a variant that cannot run a task by definition) shows
 Results: experiments/results/variant_study.{md,json,png} (--quick: experiments/results/quick/), with every job's
 wall time, date and the machine; the jobs' folders are outputs/variant_study/<mode>/<task>/<row>-seed<n>/ (an '='
 in a row's name written as '-'). Every job that finished with a number or a one-line error is also recorded in
-the ledger,
-<results>/variant_study_runs/<task>/<row>-seed<n>.json (committed with the results): the full study takes longer
-than one sitting, so `--resume` also takes a job from the ledger, and the study can be run a few rows or tasks at
-a time (`--rows`, `--tasks`), on different days, and assembled by a last `--reuse` run, which runs nothing (a job
-without a record is "not run"; the speed table and the class priors have records of their own in the ledger,
-speed.json and prior.json); the page says which jobs were measured earlier, when and on which machine, and the CPU
-hours of every job it shows.
+the ledger, <results>/variant_study_runs/<task>/<row>-seed<n>.json (committed with the results): the full study
+takes longer than one sitting, so `--resume` also takes a job from the ledger, and the study can be run a few rows
+or tasks at a time (`--rows`, `--tasks`), on different days, and assembled by a last `--reuse` run, which runs
+nothing (a job without a record is "not run"; the speed table and the class priors have records of their own in
+the ledger, speed.json and prior.json); the page says which jobs were measured earlier, when and on which machine,
+and the CPU hours of every job it shows.
 """
 
 from __future__ import annotations
@@ -103,7 +102,7 @@ LISTOPS_RECIPE = (
 )
 LISTOPS_LENGTH = int(next(o for o in LISTOPS_RECIPE if o.startswith("data.max_length=")).split("=")[1])
 # MQAR: Zoology's smallest setting (64 tokens, 4 pairs, its widths 64 and 128, one head) with the vocabulary and
-# training set of its quick-start config (128 tokens, 10,000 examples), 2000 steps of batch 64 (~2-5 min a job at
+# training set of its quick-start config (128 tokens, 10,000 examples), 2000 steps of batch 64 (minutes a job at
 # one thread). Its middle setting (256 tokens, 16 pairs, vocabulary 8192) and 64 tokens with 8 or 16 pairs kept
 # full attention itself at the plateau before recall (the share of a guess among the sequence's values) for
 # 2000-3000 steps, a column measuring nothing: results/variant_study_checks.md. (sequence length, key-value
@@ -1173,9 +1172,10 @@ def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min, prio
             [
                 "## Published anchor: Zoology (Arora et al. 2023, Figure 2)\n\nMulti-query associative recall: "
                 "attention recalls ~100% of the queries at width 64 where efficient substitutes (gated convolutions, "
-                "recurrences, linear attention) fall short, trained ~20 epochs of 100k+ examples at batch 256 on "
-                "GPUs. Ours: Zoology's smallest setting (64 tokens, 4 pairs; a vocabulary of 128 as its quick-start "
-                "config), 2000 steps of batch 64 on a CPU. Does zoo reproduce the ordering?\n\n" + "\n".join(zoology)
+                "recurrences, linear attention) fall short, trained on GPUs for tens of epochs at batch 256, many "
+                "times this budget. Ours: Zoology's smallest setting (64 tokens, 4 pairs; a vocabulary of 128 as "
+                "its quick-start config), 2000 steps of batch 64 on a CPU. Does zoo reproduce the ordering?\n\n"
+                + "\n".join(zoology)
             ]
             if zoology
             else []
