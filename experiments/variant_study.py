@@ -117,8 +117,8 @@ LEDGER = "variant_study_runs"  # beside the results: every finished job's record
 SPEED_SHAPES = {784: (256, None), 2000: (16, 0), 256: (16, 0)}
 # Kernels whose cost grows too fast to time a training step at every length: the longest n timed. Additive
 # attention forms tanh(W q + U k) for every (query, key) pair, a (n, n, head_dim) tensor per head, and a training
-# step keeps it for the backward: at n=784 and batch 32, 5 GB a layer (the study's speed run was killed for memory
-# there on a 24 GiB host); at n=2000 a step is minutes long.
+# step keeps it for the backward: 32 x 4 x 784^2 x 16 floats, 5 GB a layer at n=784 and batch 32 (the study's
+# speed run was killed for memory there on a 24 GiB host), 6.5x that at n=2000.
 SPEED_LONGEST = {"additive": 256}
 
 # Long Range Arena, Tay et al. 2021, Table 1 (accuracy %, as the LRA repository's leaderboard of 8 Nov 2020):
