@@ -501,8 +501,9 @@ def run_as(job: Job, plain: Job, args: argparse.Namespace, done: dict[Path, dict
     run the task), then `plain`'s record (`done` in this study, else run or reused now), kept as the row's own."""
     own = job.folder / "study_result.json"
     in_ledger = [ledger_file(args.ledger, job)] if args.ledger is not None else []
-    if (args.reuse or args.resume) and (found := kept([own, *in_ledger])) is not None:
-        return {**found, "reused": True}
+    found = kept([own, *in_ledger]) if args.reuse or args.resume else None
+    if found is not None and not (args.resume and not args.reuse and found["status"] == "error"):
+        return {**found, "reused": True}  # --resume redoes a one-line error, as run_job does
     if args.reuse:
         return dict(NOT_RUN)
     if missing_files(job.task):
@@ -516,7 +517,7 @@ def run_as(job: Job, plain: Job, args: argparse.Namespace, done: dict[Path, dict
         result = unfinished(code, log)
         result.update(seed=job.seed, command="python run.py " + " ".join(check.arguments))
         print(f"{result['status']} {result['reason']}", flush=True)
-        record(result, [own])
+        record(result, [own, *(in_ledger if result["status"] == "error" else [])])  # as run_job keeps it
         return result
     print(f"ok; trains as {plain.folder.name}", flush=True)
     if plain.folder not in done:

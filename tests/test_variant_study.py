@@ -400,6 +400,13 @@ def test_dynamic_rope_scaling_takes_the_rope_rows_jobs_after_a_one_batch_run_of_
     trained = [a for a in calls if "experiment=lra_pixel" in a and "trainer.fast_dev_run=true" not in a]
     assert len(trained) == 2 and not any("++attention.rope_scaling=dynamic" in a for a in trained)  # rope's only
     assert "stretches 1-D sequences" in cells["rope+dynamic"]["vit"]["reason"]
+    error_file = args.ledger / "vit" / "rope+dynamic-seed0.json"  # the one-line error is kept, as run_job's
+    assert "stretches 1-D sequences" in json.loads(error_file.read_text())["reason"]
+    calls.clear()
+    shown = variant_study.run_study(quick_args(tmp_path, "--reuse"), [rows["rope+dynamic"]], [vit])
+    assert "stretches 1-D sequences" in shown["rope+dynamic"]["vit"]["reason"] and not calls
+    variant_study.run_study(quick_args(tmp_path, "--resume"), [rows["rope+dynamic"]], [vit])
+    assert len(calls) == 1 and "trainer.fast_dev_run=true" in calls[0]  # --resume redoes it
     kept_file = args.ledger / "seq" / "rope+dynamic-seed1.json"
     assert json.loads(kept_file.read_text())["trained_as"] == "rope-seed1"
     calls.clear()
