@@ -1175,7 +1175,9 @@ def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min, prio
                 "attention recalls ~100% of the queries at width 64 where efficient substitutes (gated convolutions, "
                 "recurrences, linear attention) fall short, trained on GPUs for tens of epochs at batch 256, many "
                 "times this budget. Ours: Zoology's smallest setting (64 tokens, 4 pairs; a vocabulary of 128 as "
-                "its quick-start config), 2000 steps of batch 64 on a CPU. Does zoo reproduce the ordering?\n\n"
+                "its quick-start config), 2000 steps of batch 64 on a CPU. Does zoo reproduce the ordering? A row at "
+                "the plateau (~1/pairs) gives a query one of its sequence's values at random; routing, below it, "
+                "never lets a value see its key (experiments/routing_recall.py, variant_study_checks.md).\n\n"
                 + "\n".join(zoology)
             ]
             if zoology
