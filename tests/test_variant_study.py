@@ -485,7 +485,22 @@ def test_reuse_writes_the_page_from_the_ledger_alone_and_runs_nothing(tmp_path: 
     assert "| linear | not run | not run | not run |" in page
     assert "3 were measured earlier (2026-12-01 10:00 to 2026-12-01 10:00, on CPU X)" in page
     assert "0.2 hours of wall time" in page and "0.100 (class 3, of 10)" in page
+    assert "Columns shown only when --tasks names them (their records stay in the ledger): lra_listops (" in page
     assert not (tmp_path / "runs").exists()
+
+
+def test_lra_listops_is_a_column_only_when_named(tmp_path: Path) -> None:
+    """The ListOps column at LRA's length measures nothing at a CPU's budget: left out unless --tasks names it."""
+
+    def keys(*argv: str) -> list[str]:
+        args = variant_study.parse_args(["--shared", str(tmp_path), *argv])
+        return [task.key for task in variant_study.selected_columns(args)]
+
+    assert "lra_listops" not in keys() and {"listops", "lra_pixel", "mqar_w64"} <= set(keys())
+    assert set(keys()) == {task.key for task in variant_study.tasks(variant_study.parse_args([]))} - {"lra_listops"}
+    assert keys("--tasks", "lra_listops", "speed") == ["lra_listops"]
+    with pytest.raises(SystemExit, match=r"unknown tasks \['nope'\]; valid choices: .*lra_listops"):
+        keys("--tasks", "nope")
 
 
 def test_the_learning_listops_and_the_mqar_columns_compose_as_their_recipes_say(tmp_path: Path) -> None:
