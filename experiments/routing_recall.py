@@ -68,7 +68,8 @@ def measure(checkpoint: Path, pairs: int, examples: int, seed: int) -> dict:
     model = load(checkpoint)
     config = model.config
     inputs, targets = generate_mqar(examples, config.block_size, pairs, config.vocab_size, seed=seed)
-    first, *_, last = visibility(model, inputs)
+    seen = visibility(model, inputs)
+    first, last = seen[0], seen[-1]  # one layer: both hops in it
     example, query, value = answer_positions(inputs, targets, pairs)
     return {
         "checkpoint": str(checkpoint),
