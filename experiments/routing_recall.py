@@ -67,6 +67,8 @@ def measure(checkpoint: Path, pairs: int, examples: int, seed: int) -> dict:
     not in the checkpoint; the number of pairs is given)."""
     model = load(checkpoint)
     config = model.config
+    if config.family != "gpt":
+        raise ValueError(f"{str(checkpoint)!r} holds a model={config.family}; valid: a checkpoint of model=gpt on MQAR")
     inputs, targets = generate_mqar(examples, config.block_size, pairs, config.vocab_size, seed=seed)
     seen = visibility(model, inputs)
     first, last = seen[0], seen[-1]  # one layer: both hops in it
@@ -81,11 +83,18 @@ def measure(checkpoint: Path, pairs: int, examples: int, seed: int) -> dict:
     }
 
 
+def positive(text: str) -> int:
+    """An argparse type: a positive int, else argparse's one-line usage error."""
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoints", nargs="+", type=Path, help="checkpoints of model=gpt attention=routing on MQAR")
-    parser.add_argument("--pairs", type=int, default=4, help="key-value pairs per sequence (data.num_kv_pairs)")
-    parser.add_argument("--examples", type=int, default=200, help="MQAR examples generated for the count")
+    parser.add_argument("--pairs", type=positive, default=4, help="key-value pairs per sequence (data.num_kv_pairs)")
+    parser.add_argument("--examples", type=positive, default=200, help="MQAR examples generated for the count")
     parser.add_argument("--seed", type=int, default=12345, help="the generator's seed (not a training split's)")
     args = parser.parse_args(argv)
     rows = [measure(path, args.pairs, args.examples, args.seed) for path in args.checkpoints]
@@ -111,5 +120,14 @@ def main(argv: list[str] | None = None) -> str:
     return table
 
 
+def cli(argv: list[str] | None = None) -> None:
+    """main() from the command line: bad input (a missing checkpoint, one without routing, too many pairs for its
+    block) ends in its one-line error instead of a traceback."""
+    try:
+        main(argv)
+    except ValueError as error:  # zoo's CheckpointError and DataError are ValueErrors
+        raise SystemExit(f"error: {error}") from None
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from experiments import routing_recall
-from tests.helpers import as_checkpoint
+from tests.helpers import as_checkpoint, tiny_model
 from zoo.data.mqar import generate_mqar
 from zoo.models.gpt import GPT, GPTConfig
 
@@ -46,3 +46,17 @@ def test_a_model_without_routing_is_refused(tmp_path: Path) -> None:
     full = routing_checkpoint(tmp_path / "full.ckpt", {"variant": "full"})
     with pytest.raises(ValueError, match="no routing attention"):
         routing_recall.main([str(full)])
+
+
+def test_bad_input_ends_in_one_line_errors(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit, match=r"^error: '.*nope.ckpt' does not exist; valid: a checkpoint"):
+        routing_recall.cli([str(tmp_path / "nope.ckpt")])
+    one = routing_checkpoint(tmp_path / "one.ckpt", {"variant": "routing", "clusters": 1, "chunk_size": 16})
+    with pytest.raises(SystemExit, match=r"^error: data.seq_len=16 is too short for 8 key-value pairs"):
+        routing_recall.cli([str(one), "--pairs", "8"])
+    with pytest.raises(SystemExit):
+        routing_recall.cli([str(one), "--examples", "0"])
+    assert "--examples: must be a positive int, got '0'" in capsys.readouterr().err
+    vit = as_checkpoint(tiny_model("vit", {"variant": "routing"}), tmp_path / "vit.ckpt")
+    with pytest.raises(SystemExit, match=r"^error: '.*vit.ckpt' holds a model=vit; valid: a checkpoint of model=gpt"):
+        routing_recall.cli([str(vit)])
