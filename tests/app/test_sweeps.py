@@ -278,13 +278,18 @@ def test_a_killed_optuna_search_resumes_and_runs_no_finished_trial_again(tmp_out
     first.wait()
     log.close()
     finished = {job: (sweep_dir / job / "job.json").stat().st_mtime_ns for job in ("0", "1")}
-    states = [t.state for t in load_study(sweep_dir, "vit").trials]
-    assert states[:3] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.RUNNING]
+    trials = load_study(sweep_dir, "vit").trials
+    states = [(t.state, t.user_attrs.get("error")) for t in trials]
+    assert [t.state for t in trials][:3] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.RUNNING], (
+        states,
+        (tmp_outputs / "first.log").read_text()[-3000:],
+    )
     second = run_cli(args)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "1 interrupted trial(s) run again" in second.stdout + second.stderr
     trials = load_study(sweep_dir, "vit").trials
-    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4 and [t.number for t in trials] == [0, 1, 2, 3]
+    errors = {t.number: t.user_attrs.get("error") for t in trials if t.state != TrialState.COMPLETE}
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4 and [t.number for t in trials] == [0, 1, 2, 3], errors
     launched = re.findall(r"\t#(\d+) : ", second.stdout + second.stderr)
     assert launched == ["2", "3"]  # the interrupted trial and a new one; 0 and 1 did not run again
     assert {job: (sweep_dir / job / "job.json").stat().st_mtime_ns for job in ("0", "1")} == finished

@@ -58,11 +58,12 @@ def error_lines(err: str) -> list[str]:
 
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The uninterrupted run: its metrics and what it printed."""
+    """The uninterrupted run: its metrics, what it printed, and its run directory (copy it before changing it)."""
     log_dir = tmp_path_factory.mktemp("reference")
     code, out, err, _ = run([*TINY_VIT, "logger=csv", f"paths.log_dir={log_dir}"])
     assert code == 0, err[-3000:]
-    return {"metrics": metrics_of(only_run_dir(log_dir)), "out": out, "err": err}
+    run_dir = only_run_dir(log_dir)
+    return {"metrics": metrics_of(run_dir), "out": out, "err": err, "run_dir": run_dir}
 
 
 @pytest.fixture(scope="session")

@@ -103,3 +103,17 @@ def test_resume_over_a_half_written_last_checkpoint_ends_with_the_uninterrupted_
     assert "auto_resume: last.ckpt is unreadable; resuming from the newest intact checkpoint" in out, out[-3000:]
     assert len(taken) == 1 and "auto_resume: last.ckpt is unreadable" in (run_dir / "run.log").read_text()
     assert_same_metrics(metrics_of(run_dir), reference)
+
+
+@pytest.mark.slow
+def test_resuming_a_run_whose_training_is_complete_validates_it_again_and_loses_no_metric(
+    reference_run: dict, tmp_path: Path
+) -> None:
+    # what a sweep trial killed between its last checkpoint and its result is resumed from: fit has nothing to
+    # train and runs no validation, yet the trial's objective is a val metric
+    run_dir = tmp_path / "vit" / reference_run["run_dir"].name
+    shutil.copytree(reference_run["run_dir"], run_dir)
+    code, out, err, _ = run([f"auto_resume={run_dir}"])
+    assert code == 0, err[-3000:]
+    assert "the checkpoint's training is complete, nothing left to train; validating its weights" in out, out[-3000:]
+    assert_same_metrics(metrics_of(run_dir), reference_run["metrics"])  # val/* again, train/* kept, test/* again

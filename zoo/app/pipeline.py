@@ -11,6 +11,8 @@ checkpoint (`survivable_faults`).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import signal
 import sys
@@ -219,6 +221,8 @@ def train_and_test(cfg: DictConfig) -> dict[str, float]:
                 raise
             sys.exit(130)  # Lightning exits 1 on Ctrl-C; 130 = 128 + SIGINT, as shells report it
         metrics.update(scalar_metrics(trainer.callback_metrics))
+        if ckpt_path and not metrics:  # resumed at the end of its training: fit ran no step and no validation
+            metrics.update(complete_run_metrics(cfg, trainer, task, datamodule))
         if (pruned := pruned_trial(trainer)) is not None:  # stopped by its Optuna pruner: no test
             if trainer.is_global_zero:
                 raise pruned  # the sweeper records the trial as PRUNED
@@ -237,6 +241,22 @@ def train_and_test(cfg: DictConfig) -> dict[str, float]:
             trainer.test(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         metrics.update(scalar_metrics(trainer.callback_metrics))
     return metrics
+
+
+def complete_run_metrics(
+    cfg: DictConfig, trainer: L.Trainer, task: L.LightningModule, datamodule: L.LightningDataModule
+) -> dict[str, float]:
+    """The metrics of a run resumed from a checkpoint whose training was already complete (a sweep trial killed
+    between its last checkpoint and its result): its weights are validated again, since a sweep's objective is a
+    val metric, and the train metrics its earlier metrics.json holds are kept, so a resume loses nothing written."""
+    log.info("auto_resume: the checkpoint's training is complete, nothing left to train; validating its weights")
+    earlier: dict[str, float] = {}
+    output_dir = cfg.get("paths", {}).get("output_dir")
+    with contextlib.suppress(OSError, ValueError):
+        earlier = {k: float(v) for k, v in json.loads((Path(output_dir) / "metrics.json").read_text()).items()}
+    with survivable_faults(trainer):
+        trainer.validate(task, datamodule=datamodule, verbose=False)
+    return {**earlier, **scalar_metrics(trainer.callback_metrics)}
 
 
 def no_best_checkpoint_note(cfg: DictConfig) -> str:
