@@ -210,8 +210,18 @@ def peak_bytes(step: Callable, fn: Callable, x: torch.Tensor, device: torch.devi
         step(fn, x)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+    with memory_profile() as prof:
         step(fn, x)
+    return profiled_peak(prof)
+
+
+def memory_profile() -> torch.profiler.profile:
+    """A CPU profiler that records every tensor allocation and free (read by profiled_peak once it has stopped)."""
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+
+
+def profiled_peak(prof: torch.profiler.profile) -> int:
+    """The high-water mark of tensor bytes allocated while `prof` ran, above what was live when it started."""
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     events.sort(key=lambda e: e.start_ns())
     live = peak = 0

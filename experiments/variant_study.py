@@ -26,8 +26,9 @@ pixel-sequence accuracy (Fashion-MNIST, 784 tokens, after PIXEL_STEPS steps; dig
 ListOps accuracy (up to 2000 tokens, one epoch of LISTOPS_TRAIN expressions; 256 tokens in --quick; run only
 when --tasks names lra_listops: OPT_IN), the learning ListOps (LISTOPS_CHOICE, experiments/listops_recipe.py),
 multi-query associative recall at two widths (MQAR; its Zoology anchor: does full attention stay ahead of linear
-attention), and the training time per step and peak memory of the sequence classifier at n=784, n=2000 and n=256
-(the long-range columns' lengths).
+attention), the training time per step and peak memory of the sequence classifier at n=784, n=2000 and n=256
+(the long-range columns' lengths: `speed`), and each row's step time and peak memory on each column at its own
+length, batch and width (`cost`: a few steps of the row's job, experiments/step_cost.py).
 Every cell needs 5 seeds where a job takes under 2 minutes, else 3 (experiments/study_stats.py; --quick: 1, and
 such cells are marked as short of seeds). Seed n is `seed=n` for every row: the same data order and initial weights
 wherever the shapes allow (the seed seeds every generator before the model is built). A cell shows the median and a
@@ -41,9 +42,9 @@ in a row's name written as '-'). Every job that finished with a number or a one-
 the ledger, <results>/variant_study_runs/<task>/<row>-seed<n>.json (committed with the results): the full study
 takes longer than one sitting, so `--resume` also takes a job from the ledger, and the study can be run a few rows
 or tasks at a time (`--rows`, `--tasks`), on different days, and assembled by a last `--reuse` run, which runs
-nothing (a job without a record is "not run"; the speed table and the class priors have records of their own in
-the ledger, speed.json and prior.json); the page says which jobs were measured earlier, when and on which machine,
-and the CPU hours of every job it shows.
+nothing (a job without a record is "not run"; the speed table, the cost table and the class priors have records
+of their own in the ledger: speed.json, cost.json and prior.json); the page says which jobs were measured earlier,
+when and on which machine, and the CPU hours of every job it shows.
 """
 
 from __future__ import annotations
@@ -114,6 +115,11 @@ MQAR_QUICK = (64, 4, (64,), ("data.vocab_size=256", "data.num_train=2000", "data
                              "trainer.val_check_interval=60"))  # fmt: skip
 QUICK_ROWS = ("full", "linear")  # --quick without --rows: attention and its best-known substitute
 LEDGER = "variant_study_runs"  # beside the results: every finished job's record (see the module docstring)
+# The cost of a row on a column (--tasks cost): its job, seed 0, cut to COST_STEPS training steps without
+# validation or test, measured by experiments/step_cost.StepCost: 2 warm-up steps, the next ones timed, the last
+# profiled for memory. A step's cost is set by the shapes (length, batch, width), not by how long training runs.
+COST_STEPS = 10
+COST = "cost.json"  # the ledger's record of the cost pass: {task: {row: record}}
 # n -> (vocabulary, padding id): the pixel task, LRA's ListOps, the learning ListOps column
 SPEED_SHAPES = {784: (256, None), 2000: (16, 0), 256: (16, 0)}
 # Kernels whose cost grows too fast to time a training step at every length: the longest n timed. Additive
@@ -263,6 +269,7 @@ class Task:
     digits: int = 3
     window: int | None = None  # local attention's window here, where the default covers the whole sequence
     prior: bool = False  # a classification whose test set's most common class share is shown beside the rows
+    length: int | None = None  # the longest sequence of the long-range columns (SPEED_LONGEST applies to it)
 
 
 def replaced(overrides: tuple[str, ...], *changes: str) -> tuple[str, ...]:
@@ -296,21 +303,21 @@ def tasks(args: argparse.Namespace) -> list[Task]:
                                                        f"trainer.max_steps={PIXEL_STEPS}",
                                                        f"trainer.val_check_interval={PIXEL_STEPS}",
                                                        f"trainer.limit_val_batches={LRA_VAL_BATCHES}"])),
-             () if quick else tuple(fashion), window=16 if quick else None, prior=True),
+             () if quick else tuple(fashion), window=16 if quick else None, prior=True, length=64 if quick else 784),
         Task("lra_listops", f"ListOps <= {256 if quick else f'2000 tokens, {LISTOPS_TRAIN} expressions'} (test acc)",
              "test/acc", True,
              ("experiment=lra_listops", *(["data.max_length=256", "data.num_train=480", "data.num_val=64",
                                            "data.num_test=64", "trainer.max_epochs=1"]
                                           if quick else [f"data.num_train={LISTOPS_TRAIN}", "trainer.max_epochs=1",
                                                          f"trainer.limit_val_batches={LRA_VAL_BATCHES}"])),
-             window=64 if quick else None, prior=True),
+             window=64 if quick else None, prior=True, length=256 if quick else 2000),
         Task("listops", f"ListOps <= {LISTOPS_LENGTH} tokens, learning recipe (test acc)", "test/acc", True,
              ("experiment=lra_listops", *replaced(LISTOPS_RECIPE, *(["data.num_train=2000", "trainer.max_steps=40",
                                                                      "data.num_test=200"] if quick else []))),
-             window=LISTOPS_LENGTH // 4, prior=True),
+             window=LISTOPS_LENGTH // 4, prior=True, length=LISTOPS_LENGTH),
         *(Task(f"mqar_w{width}", f"MQAR {seq_len} tokens, {pairs} pairs, width {width} (query acc)", "test/acc", True,
                ("experiment=mqar", f"model.net.n_embd={width}", f"data.seq_len={seq_len}",
-                f"data.num_kv_pairs={pairs}", *budget), window=seq_len // 4)
+                f"data.num_kv_pairs={pairs}", *budget), window=seq_len // 4, length=seq_len)
           for seq_len, pairs, widths, budget in [MQAR_QUICK if quick else MQAR] for width in widths),
     ]  # fmt: skip
 
@@ -322,9 +329,9 @@ OPT_IN = {"lra_listops": "up to 2000 tokens as in LRA: at this budget every row 
 
 
 def selected_columns(args: argparse.Namespace) -> list[Task]:
-    """The columns of tasks(args) that --tasks names (besides `speed`), or all but the OPT_IN ones."""
+    """The columns of tasks(args) that --tasks names (besides `speed` and `cost`), or all but the OPT_IN ones."""
     columns = tasks(args)
-    keys = [task.key for task in columns] + ["speed"]
+    keys = [task.key for task in columns] + ["speed", "cost"]
     if not args.tasks:
         return [task for task in columns if task.key not in OPT_IN]
     unknown = sorted(set(args.tasks) - set(keys))
@@ -797,6 +804,70 @@ def speed_of(args: argparse.Namespace, rows: list[Row]) -> dict:
     return {**speed, "rows": {row.name: speed["rows"][row.name] for row in rows if row.name in speed["rows"]}}
 
 
+def cost_arguments(job: Job, out: Path) -> list[str]:
+    """The job's command cut to COST_STEPS training steps, without validation or test, with StepCost writing to
+    `out`."""
+    return list(replaced(tuple(job.arguments), f"trainer.max_steps={COST_STEPS}", "trainer.limit_val_batches=0",
+                         "test=false", "+callbacks.step_cost._target_=experiments.step_cost.StepCost",
+                         f"+callbacks.step_cost.path={out}"))  # fmt: skip
+
+
+def probe_cost(task: Task, row: Row, args: argparse.Namespace) -> dict:
+    """The step time and peak memory of `row` on `task` (cost_arguments), or the one-line reason it has none."""
+    import torch
+
+    if missing := missing_files(task):
+        return {"status": "skipped", "reason": f"{', '.join(missing)} not found"}
+    variant, longest = row.attention.get("variant"), SPEED_LONGEST.get(row.attention.get("variant"))
+    if longest is not None and (task.length or 0) > longest:
+        return {"status": "error", "reason": f"not measured beyond n={longest}: {variant} attention's step grows as "
+                f"n^2 * d"}  # fmt: skip
+    seed0 = job_folder(args.runs_dir / ("quick" if args.quick else "full"), task, row, 0)
+    job = Job(task, row, 0, seed0.with_name(seed0.name.replace("-seed0", "-cost")))
+    fresh_folder(job.folder)
+    out, log = job.folder / "step_cost.json", job.folder / "study.log"
+    print(f"{task.key} / {row.name} / cost ...", end=" ", flush=True)
+    code = run_in_process(cost_arguments(job, out), log)
+    if code == 0 and out.is_file():
+        result = {"status": "ok", **json.loads(out.read_text())}
+        shown = f"{fmt(result['step_ms'], 0)} ms/step, {fmt(result['peak_mib'], 1)} MiB"
+    else:
+        result = unfinished(code, log)
+        shown = result["reason"]
+    print(f"{result['status']} {shown}", flush=True)
+    result.update(date=datetime.now().strftime("%Y-%m-%d %H:%M"), machine=args.machine_name,
+                  threads=torch.get_num_threads())  # fmt: skip
+    return result
+
+
+def cost_of(args: argparse.Namespace, rows: list[Row], columns: list[Task]) -> dict:
+    """{task: {row: cost record}} of the shown rows and columns, kept in the ledger's cost.json. Measured (probe_cost)
+    when --tasks names `cost` or names no column at all; --resume measures only the pairs without a record (or with
+    a one-line error, redone as run_job redoes one); --reuse reads the ledger only."""
+    path = args.ledger / COST if args.ledger is not None else None
+    found: dict = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    measure = not args.reuse and (not args.tasks or "cost" in args.tasks)
+    for task in cost_columns(args, columns) if measure else []:
+        for row in rows:
+            kept_record = found.get(task.key, {}).get(row.name)
+            if args.resume and kept_record is not None and kept_record["status"] != "error":
+                continue
+            result = probe_cost(task, row, args)
+            if result["status"] in ("ok", "error"):
+                found.setdefault(task.key, {})[row.name] = result
+                if path is not None:
+                    record(found, [path])
+    return {task.key: {row.name: found[task.key][row.name] for row in rows if row.name in found.get(task.key, {})}
+            for task in columns}  # fmt: skip
+
+
+def cost_columns(args: argparse.Namespace, columns: list[Task]) -> list[Task]:
+    """The columns the cost pass measures: those shown, or with `--tasks cost` alone every default column."""
+    if columns or not args.tasks:
+        return columns
+    return [task for task in tasks(args) if task.key not in OPT_IN]
+
+
 def prior_of(args: argparse.Namespace, columns: list[Task]) -> dict:
     """priors() of the columns, kept in the ledger's prior.json; --reuse reads it."""
     folder = args.runs_dir / ("quick" if args.quick else "full") / "prior"
@@ -892,6 +963,41 @@ def cell_text(cell: dict | None, digits: int, notes: Footnotes, mark: str = "") 
     if mark == "winner":
         return f"**{shown}** winner"
     return f"{shown} ≈ best" if mark in ("best", "≈ best") else shown
+
+
+def cost_section(rows: list[Row], columns: list[Task], cost: dict) -> str:
+    """The step time and peak memory of every row on every column (cost_of), with the footnoted reasons."""
+    notes = Footnotes()
+
+    def text(result: dict | None) -> str:
+        if result is None:
+            return "not measured"
+        if result["status"] != "ok":
+            return notes.mark(result["reason"])
+        return f"{fmt(result['step_ms'], 0)} ({fmt(result['peak_mib'], 1)})"
+
+    body = [[row.name, *(text(cost.get(task.key, {}).get(row.name)) for task in columns)] for row in rows]
+    records = [r for by_row in cost.values() for r in by_row.values() if r["status"] == "ok"]
+    measured = (
+        f" Measured {min(r['date'] for r in records)} to {max(r['date'] for r in records)} on "
+        f"{'; '.join(sorted({r['machine'] for r in records}))}, "
+        f"{', '.join(sorted({str(r['threads']) for r in records}))} torch thread(s) a run."
+        if records
+        else ""
+    )
+    return (
+        "## Step time and peak memory at each task's length\n\n"
+        "ms per training step (peak MiB): each row's job of the column, seed 0, cut to "
+        f"{COST_STEPS} training steps without validation or test (`--tasks cost`, experiments/step_cost.py): the "
+        "median time of the steps after 2 warm-up ones (forward, backward, optimiser step; data loading not "
+        "counted) and the high-water mark of tensor bytes over the last step, above what was live at its start "
+        "(activations, gradients, the optimiser's update; torch.profiler). Same length, batch and width as the "
+        "column's jobs."
+        + measured
+        + "\n\n"
+        + table(["attention", *(task.title for task in columns)], body)
+        + ("\n\n" + notes.markdown() if notes.notes else "")
+    )
 
 
 def lra_anchor(row: str) -> str:
@@ -1095,8 +1201,10 @@ def prior_text(prior: dict, columns: list[Task]) -> str:
             "prior (a row at it answers that class to every input): " + "; ".join(parts) + ".")  # fmt: skip
 
 
-def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min, prior: dict | None = None) -> str:
-    prior = prior or {}
+def markdown(
+    args, info, rows, notes_rows, columns, cells, speed, wall_min, prior: dict | None = None, cost: dict | None = None
+) -> str:
+    prior, cost = prior or {}, cost or {}
     quality = columns_of(columns)
     notes = Footnotes()
     header = [
@@ -1217,6 +1325,7 @@ def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min, prio
         "![quality vs time](variant_study.png)",
         "## Wall seconds per job (median over seeds)\n\n"
         + table(["attention", *(t for k, t, _, _ in quality if k != EXTRAPOLATION)], walls),  # fmt: skip
+        cost_section(rows, columns, cost),
         "## Rows and how they were found\n\n"
         + table(["row", "found in", "overrides"], origin)
         + f"\n\nLocal attention's window: {window}conf/attention/local.yaml's 256 on the others (the GPT recipe sets "
@@ -1238,7 +1347,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="keep the jobs that have a record, run the rest")
     parser.add_argument("--rows", nargs="+", help="only these rows (default: every row found)")
     parser.add_argument("--tasks", nargs="+", help="only these columns: vit_digits gpt_char translation_numbers "
-                        "clip_digits lra_pixel lra_listops listops mqar_w64 mqar_w128 speed")  # fmt: skip
+                        "clip_digits lra_pixel lra_listops listops mqar_w64 mqar_w128 speed cost (cost alone: of every "
+                        "default column)")  # fmt: skip
     parser.add_argument("--seeds", type=int, default=None,
                         help="most seeds per cell (default: 5 for a job under 2 min, else 3; quick 1)")  # fmt: skip
     parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data",
@@ -1283,16 +1393,17 @@ def main(argv: list[str] | None = None) -> Path:
     cells = run_study(args, rows, columns)
     empty = {"batch": 0, "steps": 0, "rounds": 0, "threads": 0, "lengths": [], "rows": {}}
     speed = speed_of(args, rows) if not args.tasks or "speed" in args.tasks else empty
+    cost = cost_of(args, rows, columns)
     prior = prior_of(args, columns)
     wall_min = (time.perf_counter() - started) / 60
     args.out.mkdir(parents=True, exist_ok=True)
     plot(cells, columns_of(columns), args.out / "variant_study.png", prior)
     path = args.out / "variant_study.md"
-    path.write_text(markdown(args, info, rows, left_out, columns, cells, speed, wall_min, prior))
+    path.write_text(markdown(args, info, rows, left_out, columns, cells, speed, wall_min, prior, cost))
     summary = {"machine": info, "mode": "quick" if args.quick else "full", "wall_min": round(wall_min, 1),
                "rows": [asdict(row) for row in rows], "left_out": left_out,
                "tasks": [{**asdict(task), "needs": [str(p) for p in task.needs]} for task in columns],
-               "cells": cells, "speed": speed, "prior": prior}  # fmt: skip
+               "cells": cells, "speed": speed, "prior": prior, "cost": cost}  # fmt: skip
     (args.out / "variant_study.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     print(f"\nwrote {path} in {wall_min:.1f} min", flush=True)
     return path

@@ -477,12 +477,16 @@ def test_reuse_writes_the_page_from_the_ledger_alone_and_runs_nothing(tmp_path: 
     variant_study.record(speed, [ledger / "speed.json"])
     variant_study.record({"lra_pixel": {"status": "ok", "value": 0.1, "class": "3", "test_size": 10}},
                          [ledger / "prior.json"])  # fmt: skip
+    probe = {"status": "ok", "step_ms": 12.0, "steps": 7, "peak_mib": 3.5, "batch_size": 64, "threads": 1,
+             "date": "2026-12-01 11:00", "machine": "CPU X"}  # fmt: skip
+    variant_study.record({"vit_digits": {"full": probe}}, [ledger / variant_study.COST])
     argv = ["--reuse", "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "--rows", "full", "linear",
             "--tasks", "vit_digits", "lra_pixel", "speed", "--shared", str(tmp_path)]  # fmt: skip
     page = variant_study.main(argv).read_text()
     assert "| full | 0.960 [0.950, 0.970] n=3/3 ≈ best | not run | 900 (120) |" in page  # 200 s a job: 3 seeds
     assert "Written by `python experiments/variant_study.py --reuse --rows full linear" in page
     assert "| linear | not run | not run | not run |" in page
+    assert "| full | 12 (3.5) | not measured |" in page and "| linear | not measured | not measured |" in page
     assert "3 were measured earlier (2026-12-01 10:00 to 2026-12-01 10:00, on CPU X)" in page
     assert "0.2 hours of wall time" in page and "0.100 (class 3, of 10)" in page
     assert "Columns shown only when --tasks names them (their records stay in the ledger): lra_listops (" in page
