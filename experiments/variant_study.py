@@ -806,8 +806,9 @@ def speed_of(args: argparse.Namespace, rows: list[Row]) -> dict:
 
 def cost_arguments(job: Job, out: Path) -> list[str]:
     """The job's command cut to COST_STEPS training steps, without validation or test, with StepCost writing to
-    `out`."""
-    return list(replaced(tuple(job.arguments), f"trainer.max_steps={COST_STEPS}", "trainer.limit_val_batches=0",
+    `out`; as many epochs as those steps take (a small training set, as --quick's numbers task, has fewer batches)."""
+    return list(replaced(tuple(job.arguments), f"trainer.max_steps={COST_STEPS}", "trainer.max_epochs=-1",
+                         "trainer.limit_val_batches=0",
                          "test=false", "+callbacks.step_cost._target_=experiments.step_cost.StepCost",
                          f"+callbacks.step_cost.path={out}"))  # fmt: skip
 
