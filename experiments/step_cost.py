@@ -27,12 +27,14 @@ from lightning.pytorch.callbacks import Callback
 
 from experiments.attention_benchmark import memory_profile, profiled_peak
 
+WARMUP = 2  # steps not timed: the first ones allocate the optimiser's state and warm the kernels
+
 
 class StepCost(Callback):
     """Times training steps `warmup` .. max_steps - 2 and profiles the memory of the last one; writes
     {"step_ms", "steps", "peak_mib", "batch_size"} to `path` when training ends."""
 
-    def __init__(self, path: str, warmup: int = 2) -> None:
+    def __init__(self, path: str, warmup: int = WARMUP) -> None:
         self.path = Path(path)
         self.warmup = warmup
         self.times: list[float] = []

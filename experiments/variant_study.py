@@ -116,7 +116,7 @@ MQAR_QUICK = (64, 4, (64,), ("data.vocab_size=256", "data.num_train=2000", "data
 QUICK_ROWS = ("full", "linear")  # --quick without --rows: attention and its best-known substitute
 LEDGER = "variant_study_runs"  # beside the results: every finished job's record (see the module docstring)
 # The cost of a row on a column (--tasks cost): its job, seed 0, cut to COST_STEPS training steps without
-# validation or test, measured by experiments/step_cost.StepCost: 2 warm-up steps, the next ones timed, the last
+# validation or test, measured by experiments/step_cost.StepCost: WARMUP steps, the next ones timed, the last
 # profiled for memory. A step's cost is set by the shapes (length, batch, width), not by how long training runs.
 COST_STEPS = 10
 COST = "cost.json"  # the ledger's record of the cost pass: {task: {row: record}}
@@ -968,6 +968,8 @@ def cell_text(cell: dict | None, digits: int, notes: Footnotes, mark: str = "") 
 
 def cost_section(rows: list[Row], columns: list[Task], cost: dict) -> str:
     """The step time and peak memory of every row on every column (cost_of), with the footnoted reasons."""
+    from experiments.step_cost import WARMUP  # here: the study's other pages load without torch and Lightning
+
     notes = Footnotes()
 
     def text(result: dict | None) -> str:
@@ -990,7 +992,7 @@ def cost_section(rows: list[Row], columns: list[Task], cost: dict) -> str:
         "## Step time and peak memory at each task's length\n\n"
         "ms per training step (peak MiB): each row's job of the column, seed 0, cut to "
         f"{COST_STEPS} training steps without validation or test (`--tasks cost`, experiments/step_cost.py): the "
-        "median time of the steps after 2 warm-up ones (forward, backward, optimiser step; data loading not "
+        f"median time of the steps after {WARMUP} warm-up ones (forward, backward, optimiser step; data loading not "
         "counted) and the high-water mark of tensor bytes over the last step, above what was live at its start "
         "(activations, gradients, the optimiser's update; torch.profiler). Same length, batch and width as the "
         "column's jobs."

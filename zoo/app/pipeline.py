@@ -249,10 +249,10 @@ def complete_run_metrics(
     """The metrics of a run resumed from a checkpoint whose training was already complete (a sweep trial killed
     between its last checkpoint and its result): its weights are validated again, since a sweep's objective is a
     val metric, and the train metrics its earlier metrics.json holds are kept, so a resume loses nothing written."""
-    log.info("auto_resume: the checkpoint's training is complete, nothing left to train; validating its weights")
+    log.info("resuming: the checkpoint's training is complete, nothing left to train; validating its weights")
     earlier: dict[str, float] = {}
     output_dir = cfg.get("paths", {}).get("output_dir")
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # none, unreadable or not metrics
         earlier = {k: float(v) for k, v in json.loads((Path(output_dir) / "metrics.json").read_text()).items()}
     with survivable_faults(trainer):
         trainer.validate(task, datamodule=datamodule, verbose=False)
