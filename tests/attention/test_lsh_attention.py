@@ -69,8 +69,9 @@ def dense_multi_round_lsh(q, v, buckets, chunk, causal, padding):
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("padded", [False, True])
-def test_lsh_matches_the_dense_multi_round_formula(dtype, tolerance, causal, padded) -> None:
-    kernel = lsh_kernel(hashes=3, buckets=4, chunk=4)
+@pytest.mark.parametrize("chunk", [4, 32])  # 32: longer than every bucket (the kernel shrinks it)
+def test_lsh_matches_the_dense_multi_round_formula(dtype, tolerance, causal, padded, chunk) -> None:
+    kernel = lsh_kernel(hashes=3, buckets=4, chunk=chunk)
     generator = torch.Generator().manual_seed(11)
     length = 27
     q = torch.randn(2, 4, length, 8, generator=generator, dtype=dtype, requires_grad=True)
@@ -81,7 +82,7 @@ def test_lsh_matches_the_dense_multi_round_formula(dtype, tolerance, causal, pad
     rotations = kernel.rotations(4, 8, q.device).to(dtype)
     buckets = textbook_buckets(q.detach(), rotations)
     torch.testing.assert_close(lsh_buckets(q.detach(), rotations), buckets)
-    expected = dense_multi_round_lsh(q, v, buckets, 4, causal, padding)
+    expected = dense_multi_round_lsh(q, v, buckets, chunk, causal, padding)
     torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
     grad = torch.randn(out.shape, generator=generator, dtype=dtype)
     for got, want in zip(torch.autograd.grad(out, (q, v), grad), torch.autograd.grad(expected, (q, v), grad)):

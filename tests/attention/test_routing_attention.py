@@ -56,8 +56,9 @@ def expected_mask(kernel: RoutingAttention, k: torch.Tensor, causal: bool, heads
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("biased", [False, True])
-def test_routing_matches_softmax_under_the_assignment_mask(dtype, tolerance, causal, padded, biased) -> None:
-    kernel = routing_kernel(clusters=3, chunk=4, kv_heads=2, dim=8, dtype=dtype)
+@pytest.mark.parametrize("chunk", [4, 64])  # 64: longer than every cluster (the kernel shrinks it)
+def test_routing_matches_softmax_under_the_assignment_mask(dtype, tolerance, causal, padded, biased, chunk) -> None:
+    kernel = routing_kernel(clusters=3, chunk=chunk, kv_heads=2, dim=8, dtype=dtype)
     generator = torch.Generator().manual_seed(3)
     length = 29
     q = torch.randn(2, 4, length, 8, generator=generator, dtype=dtype, requires_grad=True)
@@ -107,14 +108,23 @@ def test_chunks_are_balanced_whatever_the_clusters() -> None:
     in position order; a very unbalanced assignment (one big cluster) costs at most one partial chunk per cluster."""
     generator = torch.Generator().manual_seed(0)
     clusters = torch.where(torch.rand(3, 100, generator=generator) < 0.8, 0, torch.randint(1, 5, (3, 100)))
-    slots, total = cluster_slots(clusters, 5, 8)
-    assert total <= (13 + 5) * 8
+    slots, total, used = cluster_slots(clusters, 5, 8)
+    assert used == 8 and total <= (13 + 5) * 8
     for row in range(3):
         assert len(set(slots[row].tolist())) == 100 and int(slots[row].max()) < total
         for chunk in range(total // 8):
             tokens = [t for t in range(100) if slots[row, t] // 8 == chunk]
             assert len({int(clusters[row, t]) for t in tokens}) <= 1 and len(tokens) <= 8
             assert tokens == sorted(tokens, key=lambda t: int(slots[row, t]))
+
+
+def test_a_chunk_longer_than_every_cluster_shrinks_to_the_largest_cluster() -> None:
+    """Chunks of 64 over 20 tokens in 4 clusters: the chunk used is the largest cluster's size (the pattern is the
+    whole own cluster either way), so the slots number at most clusters x largest cluster, not 4 x 64."""
+    clusters = torch.tensor([[0] * 9 + [1] * 5 + [2] * 4 + [3] * 2, [3, 1] * 10])
+    slots, total, used = cluster_slots(clusters, 4, 64)
+    assert used == 10 and total == 4 * 10  # row 0: four clusters, each in one chunk of 10 slots
+    assert sorted(slots[1].tolist()) == list(range(20)) and len(set(slots[0].tolist())) == 20
 
 
 def test_training_moves_centroids_and_checkpoints_carry_them() -> None:
@@ -159,7 +169,8 @@ def test_options_are_checked_in_one_line() -> None:
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("no_self", [True, False])
-def test_clustered_attention_in_inference_equals_the_masked_formula(causal, no_self) -> None:
+@pytest.mark.parametrize("chunk", [7, 64])
+def test_clustered_attention_in_inference_equals_the_masked_formula(causal, no_self, chunk) -> None:
     """Under no_grad (with the switch on: the fused kernel's path, zoo/attention/fast/clustered.py) the chunks give
     the dense formula's output and log-sum-exp, with padding and uneven clusters."""
     from zoo.attention.clustered import clustered_attention, dense_clustered_attention
@@ -170,7 +181,7 @@ def test_clustered_attention_in_inference_equals_the_masked_formula(causal, no_s
     padding = random_padding(2, 90, generator, left=causal)
     options = dict(causal=causal, key_padding_mask=padding, no_self=no_self)
     with torch.no_grad():
-        out, lse = clustered_attention(q, k, v, clusters, 5, 7, **options)
-        expected, _, expected_lse = dense_clustered_attention(q, k, v, clusters, 5, 7, **options)
+        out, lse = clustered_attention(q, k, v, clusters, 5, chunk, **options)
+        expected, _, expected_lse = dense_clustered_attention(q, k, v, clusters, 5, chunk, **options)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse, expected_lse, atol=1e-5, rtol=1e-5)

@@ -31,22 +31,30 @@ from zoo.attention.fast import clustered as fast_clustered
 from zoo.attention.fast import use_fast_kernels
 
 
-def cluster_slots(clusters: torch.Tensor, num_clusters: int, chunk: int) -> tuple[torch.Tensor, int]:
+def cluster_slots(clusters: torch.Tensor, num_clusters: int, chunk: int) -> tuple[torch.Tensor, int, int]:
     """(N, n) cluster ids in [0, num_clusters) -> each token's slot (N, n) in the clusters' runs padded to whole
-    chunks, and the number of slots: the most any row needs, at most (ceil(n / chunk) + num_clusters) * chunk."""
+    chunks, the number of slots (the most any row needs, at most (ceil(n / chunk) + num_clusters) * chunk) and
+    the chunk length used.
+
+    The chunk used is `chunk`, or the largest cluster's size where that is smaller: a chunk at least as long as
+    every cluster holds its cluster whole and its previous chunk is another cluster's, so the pattern is "the
+    whole own cluster" at any such length. Shrinking it changes no score and makes a sequence shorter than a
+    chunk cost about n * largest cluster, not clusters * chunk^2 (LSH's default 64-token chunks over ViT's 17
+    tokens; measured in experiments/results/content_attention.md, per task in the variant study's cost table)."""
     rows, length = clusters.shape
     positions = torch.arange(length, device=clusters.device)
     order = (clusters * length + positions).argsort(dim=-1)  # tokens by (cluster, position)
     sorted_clusters = clusters.gather(1, order)
     counts = torch.zeros(rows, num_clusters, dtype=torch.long, device=clusters.device)
     counts.scatter_add_(1, clusters, torch.ones_like(clusters))
+    chunk = min(chunk, max(1, int(counts.max())))  # one host sync
     run_start = counts.cumsum(dim=1) - counts  # first sorted index of each cluster
     chunk_start = (-(-counts // chunk)).cumsum(dim=1) - (-(-counts // chunk))  # first chunk of each cluster
     rank = positions - run_start.gather(1, sorted_clusters)
     slot_sorted = (chunk_start.gather(1, sorted_clusters) + rank // chunk) * chunk + rank % chunk
     slots = torch.empty_like(clusters).scatter_(1, order, slot_sorted)
     chunks = int((-(-counts // chunk)).sum(dim=1).max())  # the most any row needs (one host sync)
-    return slots, chunks * chunk
+    return slots, chunks * chunk, chunk
 
 
 def cluster_ranks(clusters: torch.Tensor, num_clusters: int) -> torch.Tensor:
@@ -107,7 +115,7 @@ def clustered_attention(
     search: one additive (chunks, C, 2C) mask, one batched matmul with it, the softmax by its log-sum-exp."""
     batch, heads, length, dim = q.shape
     rows = batch * heads
-    slots, total = cluster_slots(clusters.reshape(rows, length), num_clusters, chunk)
+    slots, total, chunk = cluster_slots(clusters.reshape(rows, length), num_clusters, chunk)
     token_at = torch.full((rows, total), -1, dtype=torch.long, device=q.device)
     token_at.scatter_(1, slots, torch.arange(length, device=q.device).expand(rows, length))
     index = token_at.clamp(min=0)
