@@ -23,6 +23,8 @@ to 8192), on the CPU and, when present, CUDA. Causal rows:
     local-global, sparse-global   local and sparse (strided) as above with global_tokens=16 (Longformer / BigBird)
     routing-kernel, lsh-kernel, local-global-kernel, sparse-global-kernel   their kernels alone, on ready tensors
                 (n_max: the longest length of the run; give one length per run for n_max = n)
+    lsh-kernel-reference   lsh-kernel with the fast paths off (ZOO_FAST_KERNELS=0's reference path) during its
+                calls: beside lsh-kernel, what the fused rounds save, measured in one run
     local-flex  (--flex) variant local's kernel through compiled FlexAttention (backend flex), forward only:
                 FlexAttention has no CPU backward; compiled once per length (~30 s each, not timed)
 
@@ -69,6 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments.reproduce import KERNEL_TARGETS, cpu_name  # noqa: E402
 from zoo.attention import AttentionConfig, MultiHeadAttention, TokenLayout  # noqa: E402
 from zoo.attention.blockwise import DENSE_MAX_LENGTH  # noqa: E402
+from zoo.attention.fast import set_fast_kernels, use_fast_kernels  # noqa: E402
 
 nan = float("nan")
 HEADS, HEAD_DIM, WINDOW = 4, 64, 256
@@ -78,7 +81,7 @@ DIM = HEADS * HEAD_DIM
 CAUSAL_ROWS = ["sdpa", "sdpa+proj", "full", "rope", "alibi", "t5", "local", "linear", "sparse", "fixed", "axial"]
 CAUSAL_ROWS += ["routing", "lsh", "local-global", "sparse-global"]
 KERNEL_ROWS = ["local-kernel", "linear-kernel", "sparse-kernel", "fixed-kernel", "axial-kernel"]
-KERNEL_ROWS += ["routing-kernel", "lsh-kernel", "local-global-kernel", "sparse-global-kernel"]
+KERNEL_ROWS += ["routing-kernel", "lsh-kernel", "local-global-kernel", "sparse-global-kernel", "lsh-kernel-reference"]
 BIDIRECTIONAL_ROWS = ["sdpa-bidir", "full-bidir", "compressed", "compressed-kernel"]
 ROWS = CAUSAL_ROWS + KERNEL_ROWS + BIDIRECTIONAL_ROWS
 FORWARD_ONLY = ("local-flex",)  # rows without a backward (on the CPU)
@@ -171,7 +174,19 @@ def build_rows(
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return out_proj(out.transpose(1, 2).reshape(batch, length, DIM))
 
+    def with_fast_kernels_off(attend: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        def reference(qkv: torch.Tensor) -> torch.Tensor:  # the backward follows the graph the forward built
+            was_on = use_fast_kernels()
+            set_fast_kernels(False)
+            try:
+                return attend(qkv)
+            finally:
+                set_fast_kernels(was_on)
+
+        return reference
+
     bare = {name: bare_kernel(kernel, causal(name)) for name, kernel in kernels.items()}
+    bare["lsh-kernel-reference"] = with_fast_kernels_off(bare["lsh-kernel"])
     bare["local-flex"] = bare_kernel(flex_local)
     return {"sdpa": sdpa, "sdpa+proj": sdpa_with_projections, "sdpa-bidir": sdpa_bidirectional, **modules, **bare}
 

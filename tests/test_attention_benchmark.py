@@ -102,3 +102,22 @@ def test_time_per_doubling_is_one_power_law_through_every_length_not_the_worst_p
     noisy = rows({4096: 10.0, 8192: 20.0, 16384: 52.0, 32768: 78.0})
     assert 1.9 < bench.fitted_doubling(noisy, "cpu", "linear", "forward_ms", 4096) < 2.1
     assert math.isnan(bench.fitted_doubling(rows({4096: 10.0}), "cpu", "linear", "forward_ms", 4096))  # one length
+
+
+def test_the_lsh_reference_row_runs_with_the_fast_paths_off_and_restores_the_switch(monkeypatch) -> None:
+    """lsh-kernel-reference is lsh-kernel's call with the switch off (the reference path), the same function; the
+    switch is back on afterwards, so the rows after it keep their fast paths."""
+    from zoo.attention import fast
+    from zoo.attention.fast import clustered as fast_clustered
+
+    rows = bench.build_rows(torch.device("cpu"), 256)
+    qkv = torch.randn(3, 1, bench.HEADS, 256, bench.HEAD_DIM)
+    seen = []
+    real = fast_clustered.applies_rounds
+    monkeypatch.setattr(fast_clustered, "applies_rounds", lambda *a: seen.append(fast.use_fast_kernels()) or real(*a))
+    outputs = []
+    for row in ("lsh-kernel-reference", "lsh-kernel"):
+        torch.manual_seed(0)  # the same fresh rotations (training mode draws them from the global generator)
+        outputs.append(rows[row](qkv))
+    torch.testing.assert_close(*outputs, atol=1e-5, rtol=1e-5)
+    assert fast.use_fast_kernels() and seen == [True]  # only the fast row asked for the fused rounds

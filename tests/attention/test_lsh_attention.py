@@ -1,8 +1,9 @@
 """LSH attention (Kitaev et al. 2020): given the hashes, each round is softmax attention under the mask the
 definition gives (built here with loops: same bucket, own or previous chunk of the bucket's run, causal, no
 self unless nothing else), and the rounds combine by their log-sum-exps, written densely here; outputs and
-input gradients at 1e-5 (fp32) / 1e-10 (fp64). The hash of a rotated vector; fresh hashes in training, seeded
-in evaluation; causality; decoding equals the forward."""
+input gradients at 1e-5 (fp32) / 1e-10 (fp64), with and without an ALiBi bias, under both settings of the
+fast-kernels switch (fast: the fused rounds, in training too). The hash of a rotated vector; fresh hashes in
+training, seeded in evaluation; causality; decoding equals the forward."""
 
 from __future__ import annotations
 
@@ -12,10 +13,19 @@ import pytest
 import torch
 
 from zoo.attention import MultiHeadAttention, TokenLayout
+from zoo.attention.biases import build_position_bias
+from zoo.attention.fast import clustered as fast_clustered
 from zoo.attention.lsh import LSHAttention, lsh_buckets
 
 from .helpers import random_padding
 from .test_routing_attention import chunked_cluster_mask
+
+
+@pytest.fixture(autouse=True)
+def fused_rounds_at_every_chunk(monkeypatch) -> None:
+    """The chunks here are short: let the fast setting take the fused rounds (zoo/attention/fast/clustered.py) at
+    any chunk length, so that the tests check it as well as the reference path."""
+    monkeypatch.setattr(fast_clustered, "FUSED_MIN_CHUNK", 1)
 
 
 def lsh_kernel(hashes: int, buckets: int, chunk: int) -> LSHAttention:
@@ -33,7 +43,7 @@ def textbook_buckets(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     return torch.stack(rounds)
 
 
-def dense_multi_round_lsh(q, v, buckets, chunk, causal, padding):
+def dense_multi_round_lsh(q, v, buckets, chunk, causal, padding, bias=None):
     """Reformer's multi-round LSH attention written densely: per round r the mask P_r (same bucket, own or
     previous chunk, causal, padding, self only if nothing else), out_r = softmax(q k^T / sqrt(d) + P_r) v with
     k = q / |q|, lse_r = logsumexp of the row; out = sum_r exp(lse_r - logsumexp_r(lse_r)) out_r."""
@@ -42,6 +52,8 @@ def dense_multi_round_lsh(q, v, buckets, chunk, causal, padding):
     groups = heads // v.shape[1]
     v = v.repeat_interleave(groups, dim=1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(dim)
+    if bias is not None:
+        scores = scores + bias(torch.arange(length), torch.arange(length))
     outs, lses = [], []
     for round_buckets in buckets:
         mask = torch.zeros(batch, heads, length, length, dtype=torch.bool)
@@ -70,7 +82,8 @@ def dense_multi_round_lsh(q, v, buckets, chunk, causal, padding):
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("chunk", [4, 32])  # 32: longer than every bucket (the kernel shrinks it)
-def test_lsh_matches_the_dense_multi_round_formula(dtype, tolerance, causal, padded, chunk) -> None:
+@pytest.mark.parametrize("biased", [False, True])
+def test_lsh_matches_the_dense_multi_round_formula(dtype, tolerance, causal, padded, chunk, biased) -> None:
     kernel = lsh_kernel(hashes=3, buckets=4, chunk=chunk)
     generator = torch.Generator().manual_seed(11)
     length = 27
@@ -78,16 +91,17 @@ def test_lsh_matches_the_dense_multi_round_formula(dtype, tolerance, causal, pad
     k = torch.randn(2, 2, length, 8, generator=generator, dtype=dtype)  # unused: shared QK
     v = torch.randn(2, 2, length, 8, generator=generator, dtype=dtype, requires_grad=True)
     padding = random_padding(2, length, generator, left=causal) if padded else None
-    out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding)
+    bias = build_position_bias("alibi", 4, causal=causal).to(dtype) if biased else None
+    out, _ = kernel(q, k, v, causal=causal, key_padding_mask=padding, bias=bias)
     rotations = kernel.rotations(4, 8, q.device).to(dtype)
     buckets = textbook_buckets(q.detach(), rotations)
     torch.testing.assert_close(lsh_buckets(q.detach(), rotations), buckets)
-    expected = dense_multi_round_lsh(q, v, buckets, chunk, causal, padding)
+    expected = dense_multi_round_lsh(q, v, buckets, chunk, causal, padding, bias)
     torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
     grad = torch.randn(out.shape, generator=generator, dtype=dtype)
     for got, want in zip(torch.autograd.grad(out, (q, v), grad), torch.autograd.grad(expected, (q, v), grad)):
         torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
-    dense, weights = kernel(q, k, v, causal=causal, key_padding_mask=padding, need_weights=True)
+    dense, weights = kernel(q, k, v, causal=causal, key_padding_mask=padding, bias=bias, need_weights=True)
     torch.testing.assert_close(dense, expected, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(weights @ v.repeat_interleave(2, dim=1), expected, atol=tolerance, rtol=tolerance)
 

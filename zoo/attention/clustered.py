@@ -22,6 +22,7 @@ and a gather of the slots brings the outputs (and log-sum-exps, for LSH's rounds
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -90,6 +91,101 @@ def _head_bias(bias: ScoreBias, query_positions: torch.Tensor, key_positions: to
     return values.movedim(-1, 1).flatten(0, 1)
 
 
+class Chunks(NamedTuple):
+    """Tokens laid out by cluster in chunks (`chunk_layout`): N = B * H rows of M chunks of C slots."""
+
+    queries: torch.Tensor  # (N * M, C, D)
+    keys: torch.Tensor  # (N * M, 2C, D): the previous chunk's and the own (strided views)
+    values: torch.Tensor  # (N * M, 2C, D)
+    key_mask: torch.Tensor  # (N, M, 2C) additive: the keys each chunk may use (-inf: empty, padded, other cluster)
+    has_key: torch.Tensor  # (N, M, C): the slot's query sees at least one key (an empty slot sees none)
+    self_blocked: torch.Tensor | None  # (N, M, C): no_self's rule hides the query's own key
+    token_at: torch.Tensor  # (N, M * C): the token in each slot, -1 where empty
+    slots: torch.Tensor  # (N, n): each token's slot
+    shape: torch.Size  # q's (B, H, n, D)
+
+
+def chunk_layout(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    clusters: torch.Tensor,
+    num_clusters: int,
+    chunk: int,
+    *,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None = None,
+    no_self: bool = False,
+) -> Chunks:
+    """q, k, v (B, H, n, D), clusters (B, H, n) -> the chunks and which keys each may use (`Chunks`)."""
+    batch, heads, length, dim = q.shape
+    rows = batch * heads
+    slots, total, chunk = cluster_slots(clusters.reshape(rows, length), num_clusters, chunk)
+    token_at = torch.full((rows, total), -1, dtype=torch.long, device=q.device)
+    token_at.scatter_(1, slots, torch.arange(length, device=q.device).expand(rows, length))
+    index = token_at.clamp(min=0)
+    # Every row's slots in one flat list of tokens (an index_select of whole vectors: faster than gather), after
+    # one chunk of a zero row, so that each chunk's keys (the previous chunk and its own) are a strided window of
+    # the laid-out keys, not a copy. The first chunk of a row sees the previous row's last chunk there: masked.
+    flat = (index + length * torch.arange(rows, device=q.device)[:, None]).flatten()
+    flat_with_zeros = torch.cat([torch.full((chunk,), rows * length, device=q.device), flat])
+
+    def lay_out(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (N * M, C, D) by slot
+        return x.reshape(rows * length, x.shape[-1]).index_select(0, flat).view(-1, chunk, x.shape[-1])
+
+    def with_previous(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (N * M, 2C, D): previous + own chunk
+        x = F.pad(x.reshape(rows * length, x.shape[-1]), (0, 0, 0, 1))  # row rows * n: zeros
+        return x.index_select(0, flat_with_zeros).unfold(0, 2 * chunk, chunk).transpose(1, 2)
+
+    real = (token_at >= 0).view(rows, -1, chunk)  # (N, M, C)
+    usable = real
+    if key_padding_mask is not None:
+        padded = key_padding_mask.bool()[:, None, :].expand(batch, heads, length).reshape(rows, length)
+        usable = real & ~padded.gather(1, index).view(real.shape)
+    chunk_cluster = clusters.reshape(rows, length).gather(1, index[:, ::chunk])  # (N, M): a chunk's one cluster
+    same_as_previous = torch.zeros_like(real[..., 0])
+    same_as_previous[:, 1:] = (chunk_cluster[:, 1:] == chunk_cluster[:, :-1]) & real[:, :-1, 0]
+    previous_usable = torch.cat([torch.zeros_like(usable[:, :1]), usable[:, :-1]], dim=1) & same_as_previous[..., None]
+    # Keys a query may see: the previous chunk's usable ones, and its own chunk's (up to itself when causal).
+    own = usable.cumsum(dim=-1) if causal else usable.sum(dim=-1, keepdim=True).expand(usable.shape)
+    count = previous_usable.sum(dim=-1, keepdim=True) + own  # (N, M, C), itself included when usable
+    self_blocked = None
+    if no_self:
+        others = count - usable.long()
+        self_blocked = usable & (others > 0)
+        count = count - self_blocked.long()
+    key_mask = torch.zeros(rows, real.shape[1], 2 * chunk, dtype=q.dtype, device=q.device)
+    key_mask.masked_fill_(~torch.cat([previous_usable, usable], dim=-1), float("-inf"))
+    queries, keys, values = lay_out(q), with_previous(k), with_previous(v)
+    return Chunks(queries, keys, values, key_mask, count > 0, self_blocked, token_at, slots, q.shape)
+
+
+def chunk_mask(chunks: Chunks, *, causal: bool, bias: ScoreBias | None = None) -> torch.Tensor:
+    """The additive (N, M, C, 2C) mask of each chunk's queries over its keys: the usable keys, the causal triangle
+    in the own chunk, no_self's hidden own keys, and the position bias; rows without a key are 0 (finite scores,
+    their outputs are zeroed by `to_tokens`)."""
+    rows, blocks, width = chunks.key_mask.shape
+    chunk = width // 2
+    mask = chunks.key_mask[:, :, None, :].expand(rows, blocks, chunk, width)
+    if causal:
+        triangle = torch.ones(chunk, chunk, dtype=torch.bool, device=mask.device).tril()
+        structure = torch.zeros(chunk, width, dtype=mask.dtype, device=mask.device)
+        structure[:, chunk:].masked_fill_(~triangle, float("-inf"))
+        mask = mask + structure
+    else:
+        mask = mask.clone()
+    if chunks.self_blocked is not None:
+        mask[..., chunk:].diagonal(dim1=-2, dim2=-1).masked_fill_(chunks.self_blocked, float("-inf"))
+    mask.masked_fill_(~chunks.has_key[..., None], 0.0)
+    if bias is not None:
+        query_positions = chunks.token_at.view(rows, -1, chunk)
+        key_positions = torch.cat([torch.full_like(query_positions[:, :1], -1), query_positions[:, :-1]], dim=1)
+        key_positions = torch.cat([key_positions, query_positions], dim=2)
+        heads = chunks.shape[1]
+        mask = mask + _head_bias(bias, query_positions.clamp(min=0), key_positions.clamp(min=0), heads).to(mask.dtype)
+    return mask
+
+
 def clustered_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -113,82 +209,41 @@ def clustered_attention(
     structure in every chunk (the previous chunk whole, if it is the same cluster's; the own chunk under the
     causal triangle) less the empty and padded keys, and the number of keys a query sees is a count, not a
     search: one additive (chunks, C, 2C) mask, one batched matmul with it, the softmax by its log-sum-exp."""
-    batch, heads, length, dim = q.shape
-    rows = batch * heads
-    slots, total, chunk = cluster_slots(clusters.reshape(rows, length), num_clusters, chunk)
-    token_at = torch.full((rows, total), -1, dtype=torch.long, device=q.device)
-    token_at.scatter_(1, slots, torch.arange(length, device=q.device).expand(rows, length))
-    index = token_at.clamp(min=0)
-    # Every row's slots in one flat list of tokens (an index_select of whole vectors: faster than gather), after
-    # one chunk of a zero row, so that each chunk's keys (the previous chunk and its own) are a strided window of
-    # the laid-out keys, not a copy. The first chunk of a row sees the previous row's last chunk there: masked.
-    flat = (index + length * torch.arange(rows, device=q.device)[:, None]).flatten()
-    flat_with_zeros = torch.cat([torch.full((chunk,), rows * length, device=q.device), flat])
-
-    def lay_out(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (N * M, C, D) by slot
-        return x.reshape(rows * length, x.shape[-1]).index_select(0, flat).view(-1, chunk, x.shape[-1])
-
-    def with_previous(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (N * M, 2C, D): previous + own chunk
-        x = F.pad(x.reshape(rows * length, x.shape[-1]), (0, 0, 0, 1))  # row rows * n: zeros
-        return x.index_select(0, flat_with_zeros).unfold(0, 2 * chunk, chunk).transpose(1, 2)
-
-    queries, keys, values = lay_out(q), with_previous(k), with_previous(v)
-    real = (token_at >= 0).view(rows, -1, chunk)  # (N, M, C)
-    usable = real
-    if key_padding_mask is not None:
-        padded = key_padding_mask.bool()[:, None, :].expand(batch, heads, length).reshape(rows, length)
-        usable = real & ~padded.gather(1, index).view(real.shape)
-    chunk_cluster = clusters.reshape(rows, length).gather(1, index[:, ::chunk])  # (N, M): a chunk's one cluster
-    same_as_previous = torch.zeros_like(real[..., 0])
-    same_as_previous[:, 1:] = (chunk_cluster[:, 1:] == chunk_cluster[:, :-1]) & real[:, :-1, 0]
-    previous_usable = torch.cat([torch.zeros_like(usable[:, :1]), usable[:, :-1]], dim=1) & same_as_previous[..., None]
-    # Keys a query may see: the previous chunk's usable ones, and its own chunk's (up to itself when causal).
-    own = usable.cumsum(dim=-1) if causal else usable.sum(dim=-1, keepdim=True).expand(usable.shape)
-    count = previous_usable.sum(dim=-1, keepdim=True) + own  # (N, M, C), itself included when usable
-    if no_self:
-        others = count - usable.long()
-        self_blocked = usable & (others > 0)
-        count = count - self_blocked.long()
-    has_key = count > 0
-    dtype = q.dtype
-    key_mask = torch.zeros(rows, real.shape[1], 2 * chunk, dtype=dtype, device=q.device)
-    key_mask.masked_fill_(~torch.cat([previous_usable, usable], dim=-1), float("-inf"))
+    chunks = chunk_layout(
+        q, k, v, clusters, num_clusters, chunk, causal=causal, key_padding_mask=key_padding_mask, no_self=no_self
+    )
     if use_fast_kernels() and fast_clustered.applies_causal((q, k, v), dropout_p, causal, no_self, bias):
-        out, lse = fast_clustered.causal_chunks(queries, keys, values, key_mask.flatten(0, 1))
-        return _to_tokens(out, lse, has_key, slots, (batch, heads, length, dim), need_lse)
-    mask = key_mask[:, :, None, :].expand(rows, real.shape[1], chunk, 2 * chunk)
-    if causal:
-        triangle = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-        structure = torch.zeros(chunk, 2 * chunk, dtype=dtype, device=q.device)
-        structure[:, chunk:].masked_fill_(~triangle, float("-inf"))
-        mask = mask + structure
-    else:
-        mask = mask.clone()
-    if no_self:
-        mask[..., chunk:].diagonal(dim1=-2, dim2=-1).masked_fill_(self_blocked, float("-inf"))
-    mask.masked_fill_(~has_key[..., None], 0.0)  # rows without keys: finite scores, zeroed below
-    if bias is not None:
-        query_positions = token_at.view(rows, -1, chunk)
-        key_positions = torch.cat([torch.full_like(query_positions[:, :1], -1), query_positions[:, :-1]], dim=1)
-        key_positions = torch.cat([key_positions, query_positions], dim=2)
-        mask = mask + _head_bias(bias, query_positions.clamp(min=0), key_positions.clamp(min=0), heads).to(dtype)
-    if use_fast_kernels() and fast_clustered.applies((q, k, v, mask), dropout_p):
+        out, lse = fast_clustered.causal_chunks(
+            chunks.queries, chunks.keys, chunks.values, chunks.key_mask.flatten(0, 1)
+        )
+        return to_tokens(out, lse, chunks, need_lse)
+    return chunk_attention(chunks, chunk_mask(chunks, causal=causal, bias=bias), dropout_p=dropout_p, need_lse=need_lse)
+
+
+def chunk_attention(
+    chunks: Chunks, mask: torch.Tensor, *, dropout_p: float = 0.0, need_lse: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Softmax attention of each chunk's queries over its keys under `mask` (`chunk_mask`), back in token order:
+    out (B, H, n, D) and the log-sum-exp (B, H, n), as `clustered_attention` returns them."""
+    queries, keys, values = chunks.queries, chunks.keys, chunks.values
+    if use_fast_kernels() and fast_clustered.applies((queries, keys, values, mask), dropout_p):
         out, lse = fast_clustered.fused_chunks(queries, keys, values, mask.flatten(0, 1))
-        return _to_tokens(out, lse, has_key, slots, (batch, heads, length, dim), need_lse)
-    scale = 1.0 / math.sqrt(dim)
+        return to_tokens(out, lse, chunks, need_lse)
+    scale = 1.0 / math.sqrt(queries.shape[-1])
     scores = torch.baddbmm(mask.flatten(0, 1), queries, keys.transpose(1, 2), alpha=scale)  # (N * M, C, 2C)
     probs = torch.softmax(scores, dim=-1)  # one fused pass
     # The log-sum-exp from it without a second exp pass: at the row's largest score, p = exp(max - lse).
     lse = scores.amax(dim=-1) - probs.amax(dim=-1).log() if need_lse else None
     if dropout_p > 0.0:
         probs = F.dropout(probs, p=dropout_p)
-    return _to_tokens(torch.bmm(probs, values), lse, has_key, slots, (batch, heads, length, dim), need_lse)
+    return to_tokens(torch.bmm(probs, values), lse, chunks, need_lse)
 
 
-def _to_tokens(out, lse, has_key, slots, shape, need_lse):
+def to_tokens(out: torch.Tensor, lse: torch.Tensor | None, chunks: Chunks, need_lse: bool = True):
     """The chunks' outputs (N * M, C, D) and log-sum-exps (N * M, C) back in token order: (B, H, n, D), (B, H, n)
     (zero and -inf where a query has no key)."""
-    batch, heads, length, dim = shape
+    batch, heads, length, dim = chunks.shape
+    has_key, slots = chunks.has_key, chunks.slots
     rows = batch * heads
     total = has_key.shape[1] * has_key.shape[2]
     out = out.reshape(rows, -1, out.shape[1], dim).masked_fill(~has_key[..., None], 0.0).view(rows * total, dim)

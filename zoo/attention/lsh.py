@@ -23,8 +23,10 @@ from __future__ import annotations
 import torch
 
 from zoo.attention.cache import KVCache, new_tokens_padding
-from zoo.attention.clustered import clustered_attention, dense_clustered_attention
+from zoo.attention.clustered import chunk_attention, chunk_layout, chunk_mask, dense_clustered_attention
 from zoo.attention.contract import Kernel, ScoreBias, TokenLayout
+from zoo.attention.fast import clustered as fast_clustered
+from zoo.attention.fast import use_fast_kernels
 from zoo.attention.functional import repeat_kv
 from zoo.errors import check_positive_int
 
@@ -119,9 +121,12 @@ class LSHAttention(Kernel):
             lses = torch.stack([lse for _, _, lse in rounds])
             weights = combine_rounds(torch.stack([p for _, p, _ in rounds]), lses)
             return combine_rounds(torch.stack([o for o, _, _ in rounds]), lses), weights
-        rounds = [
-            clustered_attention(q, keys, values, b, self.num_buckets, self.chunk_size, **options) for b in buckets
-        ]
+        layout = dict(causal=causal, key_padding_mask=key_padding_mask, no_self=True)
+        chunks = [chunk_layout(q, keys, values, b, self.num_buckets, self.chunk_size, **layout) for b in buckets]
+        masks = [chunk_mask(c, causal=causal, bias=bias) for c in chunks]
+        if use_fast_kernels() and fast_clustered.applies_rounds(q, masks, dropout_p):
+            return fast_clustered.joint_rounds(chunks, masks), None
+        rounds = [chunk_attention(c, mask, dropout_p=dropout_p) for c, mask in zip(chunks, masks)]
         return combine_rounds(torch.stack([o for o, _ in rounds]), torch.stack([lse for _, lse in rounds])), None
 
     def new_cache(self) -> KVCache:

@@ -9,13 +9,18 @@ previous chunk and one over the own chunk with the kernel's is_causal, each with
 padded, or another cluster's previous chunk: (chunks, 1, 1, C), broadcast by the kernel over the queries).
 Measured side by side at 8192 tokens: 7% faster than the dense mask's call, forward peak memory a third lower
 (experiments/results/content_attention.md; re-measure there).
+
+LSH's rounds, in training as well (`joint_rounds`): the rounds combined by their log-sum-exps are one softmax
+over all the rounds' keys, so each round is one fused call forward and one fused backward given the combined
+output and log-sum-exp (blocks.fused_union), instead of the reference's passes over each round's scores and the
+log-sum-exps' own gradients.
 """
 
 from __future__ import annotations
 
 import torch
 
-from zoo.attention.fast.blocks import fused_kernel_applies, merge_into
+from zoo.attention.fast.blocks import fused_kernel_applies, fused_union, merge_into
 
 
 def applies(inputs: tuple[torch.Tensor, ...], dropout_p: float) -> bool:
@@ -65,3 +70,66 @@ def fused_chunks(
         queries[:, None], keys[:, None], values[:, None], attn_mask=mask[:, None]
     )
     return out[:, 0], lse[:, 0]
+
+
+# Below this many slots a chunk, the reference's batched matmuls beat one fused call per round (the kernel's
+# per-call overhead over thousands of tiny chunks); above it the fused rounds win, more the longer the chunks.
+# Measured side by side in experiments/results/content_attention.md (LSH training step); re-measure there.
+FUSED_MIN_CHUNK = 24
+
+
+def applies_rounds(q: torch.Tensor, masks: list[torch.Tensor], dropout_p: float) -> bool:
+    """LSH's rounds on the fused kernel, in training too: chunks of at least FUSED_MIN_CHUNK slots, no dropout, no
+    learned bias in the masks (the kernel's backward gives no mask gradient), the fused kernel's own conditions."""
+    chunk = min(mask.shape[2] for mask in masks)
+    return chunk >= FUSED_MIN_CHUNK and fused_kernel_applies(q, dropout_p, any(m.requires_grad for m in masks))
+
+
+def joint_rounds(rounds: list, masks: list[torch.Tensor]) -> torch.Tensor:
+    """LSH's rounds (clustered.Chunks each, with its additive (N, M, C, 2C) mask) -> out (B, H, n, D): the rounds
+    combined by their log-sum-exps, which is one softmax over the keys of all rounds (a key found in several counts
+    in each). The fused kernel does each round's scores, softmax and weighted values in one pass; its backward,
+    given the combined output and log-sum-exp, yields each round's share of the joint softmax's gradients
+    (blocks.fused_union), so the rounds' log-sum-exps need no gradient of their own. The reference path
+    (lsh.py: clustered_attention per round, combine_rounds) makes each of those a pass over the scores."""
+    layouts = [_Round(chunks) for chunks in rounds]
+    # A row that is an empty slot or sees no key: all -inf. The backward lays every token-order tensor out by slot
+    # (an empty slot reads token 0), so such a row must reach no key; the reference path never uses it.
+    live = [chunks.has_key & (chunks.token_at >= 0).view_as(chunks.has_key) for chunks in rounds]
+    kernel_masks = [
+        mask.masked_fill(~rows[..., None], float("-inf")).flatten(0, 1)[:, None] for rows, mask in zip(live, masks)
+    ]
+    has_keys = [rows.flatten(0, 1)[:, None] for rows in live]  # (N * M, 1, C), as the kernel's lse
+    tensors = [[getattr(chunks, name)[:, None] for chunks in rounds] for name in ("queries", "keys", "values")]
+    out = fused_union(_merge_rounds, layouts, kernel_masks, has_keys, rounds[0].shape, *tensors)
+    return out.transpose(1, 2)
+
+
+class _Round:
+    """A round's slots as fused_union's layout: `gather` lays a token-order tensor out in the round's chunks."""
+
+    def __init__(self, chunks) -> None:
+        self.chunks = chunks
+        self.index = chunks.token_at.clamp(min=0)  # an empty slot reads token 0: its mask row hides every key
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, n, *rest) -> (N * M, 1, C, *rest)."""
+        batch, heads, length = x.shape[:3]
+        rows, rest = batch * heads, x.shape[3:]
+        index = self.index.view(rows, -1, *([1] * len(rest))).expand(rows, -1, *rest)
+        laid_out = x.reshape(rows, length, *rest).gather(1, index)
+        return laid_out.view(-1, 1, self.chunks.has_key.shape[-1], *rest)
+
+
+def _merge_rounds(layouts: list[_Round], outs: list[torch.Tensor], lses: list[torch.Tensor], shape):
+    """Each round's (N * M, 1, C, D) outputs and (N * M, 1, C) log-sum-exps (-inf where no key) -> the joint output
+    (B, n, H, D) and log-sum-exp (B, H, n; 0 where a query has no key in any round: finite for the backward)."""
+    from zoo.attention.clustered import to_tokens  # here: that module imports this one
+
+    tokens = [to_tokens(out[:, 0], lse[:, 0], layout.chunks) for layout, out, lse in zip(layouts, outs, lses)]
+    stacked = torch.stack([lse for _, lse in tokens])  # (R, B, H, n)
+    any_key = (stacked > float("-inf")).any(dim=0)
+    lse = torch.logsumexp(stacked.masked_fill(~any_key, 0.0), dim=0)
+    weights = torch.exp(stacked - lse).masked_fill(~any_key, 0.0)
+    out = sum(weight[..., None] * out for weight, (out, _) in zip(weights, tokens))
+    return out.transpose(1, 2), lse
