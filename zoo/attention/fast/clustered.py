@@ -79,10 +79,16 @@ FUSED_MIN_CHUNK = 24
 
 
 def applies_rounds(q: torch.Tensor, masks: list[torch.Tensor], dropout_p: float) -> bool:
-    """LSH's rounds on the fused kernel, in training too: chunks of at least FUSED_MIN_CHUNK slots, no dropout, no
-    learned bias in the masks (the kernel's backward gives no mask gradient), the fused kernel's own conditions."""
+    """LSH's rounds as one fused joint softmax: a gradient asked of q (without one, each round's fused inference
+    call is as fast and merges less), chunks of at least FUSED_MIN_CHUNK slots, no dropout, no learned bias in the
+    masks (the kernel's backward gives no mask gradient), the fused kernel's own conditions."""
     chunk = min(mask.shape[2] for mask in masks)
-    return chunk >= FUSED_MIN_CHUNK and fused_kernel_applies(q, dropout_p, any(m.requires_grad for m in masks))
+    wants_grad = torch.is_grad_enabled() and q.requires_grad
+    return (
+        wants_grad
+        and chunk >= FUSED_MIN_CHUNK
+        and fused_kernel_applies(q, dropout_p, any(mask.requires_grad for mask in masks))
+    )
 
 
 def joint_rounds(rounds: list, masks: list[torch.Tensor]) -> torch.Tensor:
