@@ -163,3 +163,20 @@ def test_options_are_checked_in_one_line() -> None:
         AttentionConfig(variant="lsh", buckets=3)
     with pytest.raises(ValueError, match="hashes.*positive int"):
         AttentionConfig(variant="lsh", hashes=0)
+
+
+def test_bf16_training_gives_the_float32_function_within_bf16_rounding() -> None:
+    """bf16 inputs with gradients (mixed-precision training; the fast setting's fused rounds take the kernel's bf16
+    backward, given the combined output in bf16): outputs and gradients near the float32 computation on the same
+    inputs (the fused rounds accumulate in float32: their error is ~10x below the reference path's bound here)."""
+    kernel = lsh_kernel(hashes=2, buckets=4, chunk=8)
+    generator = torch.Generator().manual_seed(2)
+    q0, v0 = (torch.randn(2, 4, 40, 16, generator=generator).bfloat16() for _ in "qv")
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        q, v = (x.to(dtype).requires_grad_() for x in (q0, v0))
+        out, _ = kernel(q, q, v, causal=True)
+        out.float().square().sum().backward()
+        results.append((out.float(), q.grad.float(), v.grad.float()))
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, atol=0.2, rtol=0.02)

@@ -137,5 +137,5 @@ def _merge_rounds(layouts: list[_Round], outs: list[torch.Tensor], lses: list[to
     any_key = (stacked > float("-inf")).any(dim=0)
     lse = torch.logsumexp(stacked.masked_fill(~any_key, 0.0), dim=0)
     weights = torch.exp(stacked - lse).masked_fill(~any_key, 0.0)
-    out = sum(weight[..., None] * out for weight, (out, _) in zip(weights, tokens))
-    return out.transpose(1, 2), lse
+    out = sum(weight[..., None] * out for weight, (out, _) in zip(weights, tokens))  # float32 where the parts are
+    return out.to(outs[0].dtype).transpose(1, 2), lse  # bf16: the kernel's backward takes its own dtype
