@@ -97,7 +97,7 @@ def joint_rounds(rounds: list, masks: list[torch.Tensor]) -> torch.Tensor:
     in each). The fused kernel does each round's scores, softmax and weighted values in one pass; its backward,
     given the combined output and log-sum-exp, yields each round's share of the joint softmax's gradients
     (blocks.fused_union), so the rounds' log-sum-exps need no gradient of their own. The reference path
-    (lsh.py: clustered_attention per round, combine_rounds) makes each of those a pass over the scores."""
+    (lsh.py: chunk_attention per round, combine_rounds) makes each of those a pass over the scores."""
     layouts = [_Round(chunks) for chunks in rounds]
     # A row that is an empty slot or sees no key: all -inf. The backward lays every token-order tensor out by slot
     # (an empty slot reads token 0), so such a row must reach no key; the reference path never uses it.
