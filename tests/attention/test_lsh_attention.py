@@ -180,3 +180,16 @@ def test_bf16_training_gives_the_float32_function_within_bf16_rounding() -> None
         results.append((out.float(), q.grad.float(), v.grad.float()))
     for got, want in zip(results[1], results[0]):
         torch.testing.assert_close(got, want, atol=0.2, rtol=0.02)
+
+
+def test_the_fused_rounds_apply_from_their_chunk_length_and_only_where_a_gradient_is_asked(monkeypatch) -> None:
+    monkeypatch.setattr(fast_clustered, "FUSED_MIN_CHUNK", 24)
+    q = torch.randn(1, 2, 64, 8, requires_grad=True)
+    masks = [torch.zeros(2, 3, length, 2 * length) for length in (24, 30)]
+    assert fast_clustered.applies_rounds(q, masks, 0.0)
+    assert not fast_clustered.applies_rounds(q, [torch.zeros(2, 3, 23, 46), *masks], 0.0)  # one round's are short
+    assert not fast_clustered.applies_rounds(q.detach(), masks, 0.0)
+    with torch.no_grad():
+        assert not fast_clustered.applies_rounds(q, masks, 0.0)
+    assert not fast_clustered.applies_rounds(q, masks, 0.1)  # dropout: the reference path
+    assert not fast_clustered.applies_rounds(q, [m.requires_grad_() for m in masks], 0.0)  # a learned bias
