@@ -74,18 +74,21 @@ def fused_chunks(
 
 # Below this many slots a chunk, the reference's batched matmuls beat one fused call per round (the kernel's
 # per-call overhead over thousands of tiny chunks); above it the fused rounds win, more the longer the chunks.
-# Measured side by side in experiments/results/content_attention.md (LSH training step); re-measure there.
+# In bf16 the reference's batched matmuls beat the kernel's reduced-precision path at the study's shapes, so
+# the fused rounds take float32 only. Measured side by side in experiments/results/content_attention.md (LSH
+# training step); re-measure there.
 FUSED_MIN_CHUNK = 24
 
 
 def applies_rounds(q: torch.Tensor, masks: list[torch.Tensor], dropout_p: float) -> bool:
-    """LSH's rounds as one fused joint softmax: a gradient asked of q (without one, each round's fused inference
-    call is as fast and merges less), chunks of at least FUSED_MIN_CHUNK slots, no dropout, no learned bias in the
-    masks (the kernel's backward gives no mask gradient), the fused kernel's own conditions."""
+    """LSH's rounds as one fused joint softmax: float32, a gradient asked of q (without one, each round's fused
+    inference call is as fast and merges less), chunks of at least FUSED_MIN_CHUNK slots, no dropout, no learned
+    bias in the masks (the kernel's backward gives no mask gradient), the fused kernel's own conditions."""
     chunk = min(mask.shape[2] for mask in masks)
     wants_grad = torch.is_grad_enabled() and q.requires_grad
     return (
-        wants_grad
+        q.dtype == torch.float32
+        and wants_grad
         and chunk >= FUSED_MIN_CHUNK
         and fused_kernel_applies(q, dropout_p, any(mask.requires_grad for mask in masks))
     )
@@ -137,5 +140,5 @@ def _merge_rounds(layouts: list[_Round], outs: list[torch.Tensor], lses: list[to
     any_key = (stacked > float("-inf")).any(dim=0)
     lse = torch.logsumexp(stacked.masked_fill(~any_key, 0.0), dim=0)
     weights = torch.exp(stacked - lse).masked_fill(~any_key, 0.0)
-    out = sum(weight[..., None] * out for weight, (out, _) in zip(weights, tokens))  # float32 where the parts are
-    return out.to(outs[0].dtype).transpose(1, 2), lse  # bf16: the kernel's backward takes its own dtype
+    out = sum(weight[..., None] * out for weight, (out, _) in zip(weights, tokens))
+    return out.transpose(1, 2), lse
