@@ -110,6 +110,7 @@ def test_the_lsh_reference_row_runs_with_the_fast_paths_off_and_restores_the_swi
     from zoo.attention import fast
     from zoo.attention.fast import clustered as fast_clustered
 
+    monkeypatch.setattr(fast, "_enabled", True)  # on, whatever ZOO_FAST_KERNELS says for this process
     rows = bench.build_rows(torch.device("cpu"), 256)
     qkv = torch.randn(3, 1, bench.HEADS, 256, bench.HEAD_DIM)
     seen = []
