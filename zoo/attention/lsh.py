@@ -23,7 +23,13 @@ from __future__ import annotations
 import torch
 
 from zoo.attention.cache import KVCache, new_tokens_padding
-from zoo.attention.clustered import chunk_attention, chunk_layout, chunk_mask, dense_clustered_attention
+from zoo.attention.clustered import (
+    chunk_attention,
+    chunk_layout,
+    chunk_mask,
+    dense_clustered_attention,
+    to_tokens,
+)
 from zoo.attention.contract import Kernel, ScoreBias, TokenLayout
 from zoo.attention.fast import clustered as fast_clustered
 from zoo.attention.fast import use_fast_kernels
@@ -125,7 +131,7 @@ class LSHAttention(Kernel):
         chunks = [chunk_layout(q, keys, values, b, self.num_buckets, self.chunk_size, **layout) for b in buckets]
         masks = [chunk_mask(c, causal=causal, bias=bias) for c in chunks]
         if use_fast_kernels() and fast_clustered.applies_rounds(q, masks, dropout_p):
-            return fast_clustered.joint_rounds(chunks, masks), None
+            return fast_clustered.joint_rounds(chunks, masks, to_tokens), None
         rounds = [chunk_attention(c, mask, dropout_p=dropout_p) for c, mask in zip(chunks, masks)]
         return combine_rounds(torch.stack([o for o, _ in rounds]), torch.stack([lse for _, lse in rounds])), None
 

@@ -18,6 +18,8 @@ log-sum-exps' own gradients.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from zoo.attention.fast.blocks import fused_kernel_applies, fused_union, merge_into
@@ -94,8 +96,9 @@ def applies_rounds(q: torch.Tensor, masks: list[torch.Tensor], dropout_p: float)
     )
 
 
-def joint_rounds(rounds: list, masks: list[torch.Tensor]) -> torch.Tensor:
-    """LSH's rounds (clustered.Chunks each, with its additive (N, M, C, 2C) mask) -> out (B, H, n, D): the rounds
+def joint_rounds(rounds: list, masks: list[torch.Tensor], to_tokens) -> torch.Tensor:
+    """LSH's rounds (clustered.Chunks each, with its additive (N, M, C, 2C) mask; `to_tokens`: clustered.to_tokens,
+    given by the caller so that this module imports no kernel module) -> out (B, H, n, D): the rounds
     combined by their log-sum-exps, which is one softmax over the keys of all rounds (a key found in several counts
     in each). The fused kernel does each round's scores, softmax and weighted values in one pass; its backward,
     given the combined output and log-sum-exp, yields each round's share of the joint softmax's gradients
@@ -110,7 +113,8 @@ def joint_rounds(rounds: list, masks: list[torch.Tensor]) -> torch.Tensor:
     ]
     has_keys = [rows.flatten(0, 1)[:, None] for rows in live]  # (N * M, 1, C), as the kernel's lse
     tensors = [[getattr(chunks, name)[:, None] for chunks in rounds] for name in ("queries", "keys", "values")]
-    out = fused_union(_merge_rounds, layouts, kernel_masks, has_keys, rounds[0].shape, *tensors)
+    merge = partial(_merge_rounds, to_tokens)
+    out = fused_union(merge, layouts, kernel_masks, has_keys, rounds[0].shape, *tensors)
     return out.transpose(1, 2)
 
 
@@ -130,11 +134,9 @@ class _Round:
         return laid_out.view(-1, 1, self.chunks.has_key.shape[-1], *rest)
 
 
-def _merge_rounds(layouts: list[_Round], outs: list[torch.Tensor], lses: list[torch.Tensor], shape):
+def _merge_rounds(to_tokens, layouts: list[_Round], outs: list[torch.Tensor], lses: list[torch.Tensor], shape):
     """Each round's (N * M, 1, C, D) outputs and (N * M, 1, C) log-sum-exps (-inf where no key) -> the joint output
     (B, n, H, D) and log-sum-exp (B, H, n; 0 where a query has no key in any round: finite for the backward)."""
-    from zoo.attention.clustered import to_tokens  # here: that module imports this one
-
     tokens = [to_tokens(out[:, 0], lse[:, 0], layout.chunks) for layout, out, lse in zip(layouts, outs, lses)]
     stacked = torch.stack([lse for _, lse in tokens])  # (R, B, H, n)
     any_key = (stacked > float("-inf")).any(dim=0)
