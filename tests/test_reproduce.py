@@ -101,6 +101,14 @@ STUDY_PAGE = """Written by `python experiments/variant_study.py --tasks gpt_char
 
 [1] wpe.weight is (64, 128) for block 64: no weights for the longer input
 [2] a note only the local row cites
+
+## Step time and peak memory at each task's length
+
+| attention | GPT tiny-shakespeare char (val loss) |
+|---|---|
+| full | [1] |
+
+[1] a note of another table, numbered from [1] again
 """
 
 
@@ -113,6 +121,7 @@ def test_positions_section_takes_the_gpt_columns_of_the_position_rows(tmp_path: 
     assert "| full+alibi | 1.8425 | 1.8231 |" in text and "| full | 1.9102 | [1] |" in text
     assert "local" not in text.split("|---|")[1] and "0.980" not in text  # other rows and columns left out
     assert "[2]" not in text  # the footnotes of rows left out stay out
+    assert "another table" not in text  # nor those of another table that reuse a number
     assert "[1] wpe.weight" in text and "--tasks gpt_char vit_digits" in text and "2026-12-01 16:10" in text
     assert f"({reproduce.POSITIONS}/variant_study.md)" in text
     assert "stretch the `rope` row's weights by 4 at inference" in text and "train and evaluate" not in text
