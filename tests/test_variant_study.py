@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -110,6 +110,22 @@ def test_a_job_that_cannot_run_shows_its_one_line_error_and_missing_data_skips(t
     skipped = variant_study.run_job(variant_study.Job(gpt, row, 0, tmp_path / "runs" / "gpt"), reuse=False)
     assert skipped["status"] == "skipped" and "input.txt not found" in skipped["reason"]
     assert not (tmp_path / "runs" / "gpt").exists()
+
+
+def test_additive_attention_runs_only_where_the_sequences_are_short_enough(tmp_path: Path) -> None:
+    rows = {row.name: row for row in variant_study.discover_rows()[0]}
+    longest = variant_study.SPEED_LONGEST["additive"]
+    task = variant_study.Task("long", "long", "test/acc", True, ("model=sequence_classifier",), length=longest + 1)
+    for reuse, run in ((True, False), (False, True)):  # --reuse and --resume alike: a reason, and nothing run
+        result = variant_study.run_job(variant_study.Job(task, rows["additive"], 0, tmp_path / "a"), reuse, run=run)
+        assert result == {"status": "error", "reason": f"not run beyond n={longest}: additive attention's step grows "
+                          "as n^2 * d"}  # fmt: skip
+        assert not (tmp_path / "a").exists()
+    full = variant_study.run_job(variant_study.Job(task, rows["full"], 0, tmp_path / "f"), True, run=False)
+    assert full == variant_study.NOT_RUN  # other rows take the long task
+    short = replace(task, length=longest)
+    at_limit = variant_study.run_job(variant_study.Job(short, rows["additive"], 0, tmp_path / "s"), True, run=False)
+    assert at_limit == variant_study.NOT_RUN  # up to the limit additive attention runs
 
 
 def test_a_column_without_its_data_is_announced_with_the_option_that_finds_it(tmp_path: Path) -> None:
