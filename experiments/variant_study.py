@@ -1198,9 +1198,13 @@ def provenance(cells: dict) -> str:
         return "Every job ran in this run, on this machine."
     dates = sorted(run["date"] for run in earlier if run.get("date")) or ["date not recorded"]
     machines = sorted({run.get("machine") or "machine not recorded" for run in earlier})
+    mixed = ""
+    if len({"bf16 native" in machine for machine in machines}) > 1:
+        mixed = (" A recipe at `trainer.precision=auto` (the GPT's) trains in bf16-mixed on the machines marked bf16 "
+                 "native and in fp32 on the others (recipes.md measured the two within noise).")  # fmt: skip
     return (f"{len(runs) - len(earlier)} of the {len(runs)} jobs with a number ran in this run; {len(earlier)} were "
             f"measured earlier ({dates[0]} to {dates[-1]}, on {'; '.join(machines)}) and taken from their records "
-            f"(--reuse: the job folders, or the ledger {LEDGER}/).")  # fmt: skip
+            f"(--reuse: the job folders, or the ledger {LEDGER}/).{mixed}")  # fmt: skip
 
 
 def prior_text(prior: dict, columns: list[Task]) -> str:

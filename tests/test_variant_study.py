@@ -165,6 +165,10 @@ def test_finished_jobs_go_to_the_ledger_and_reuse_takes_them_from_it(tmp_path: P
     cells = {"full": {"vit_digits": {"runs": [first, again]}}}
     text = variant_study.provenance(cells)
     assert "1 of the 2 jobs with a number ran in this run; 1 were measured earlier" in text and "CPU X" in text
+    assert "bf16-mixed" not in text  # one kind of machine: no precision note
+    native = {**again, "machine": "CPU Z (AVX512, bf16 native)"}
+    text = variant_study.provenance({"full": {"vit_digits": {"runs": [first, again, native]}}})
+    assert "trains in bf16-mixed on the machines marked bf16 native and in fp32 on the others" in text
     assert variant_study.provenance({"full": {"vit_digits": {"runs": [first]}}}).startswith("Every job ran")
     bad = variant_study.Task("vit_bad", "ViT", "test/acc", True, ("model=vit",))
     monkeypatch.setattr(variant_study, "run_in_process", lambda arguments, log: log.write_text("error: no") and 2)
