@@ -1054,13 +1054,6 @@ def marks(cells: dict, quality: list[tuple[str, str, int, bool]], prior: dict) -
     return out
 
 
-def best(scored: list[tuple[float, str]], higher: bool, digits: int) -> tuple[str, str]:
-    """(the rows with the best value as shown, that value): rows that tie at the shown precision all win."""
-    value = (max if higher else min)(v for v, _ in scored)
-    shown = fmt(value, digits)
-    return ", ".join(name for v, name in scored if fmt(v, digits) == shown), shown
-
-
 def winners(
     cells: dict, quality: list[tuple[str, str, int, bool]], speed: dict, prior: dict | None = None
 ) -> list[str]:
@@ -1092,10 +1085,24 @@ def winners(
         lines.append(f"- {header}: no clear winner (best median {result['best']}: {shown}; {reason}); tied with it: "
                      f"{', '.join(tied) or 'none'} ({len(column)} rows with a number)")  # fmt: skip
     for n in speed["lengths"]:
-        scored = [(r[n]["value"], name) for name, r in speed["rows"].items() if r.get(n, {}).get("status") == "ok"]
-        if scored:
-            names, value = best(scored, False, 0)
-            lines.append(f"- training step at n={n}: **{names}** ({value} ms; one timing, no interval)")
+        # The same rule over the timing rounds (each the mean of a few steps, interleaved across rows): a speed
+        # column names a winner only when its interval excludes every other row's median, as a quality one does.
+        column = {name: Cell.of(r[n].get("rounds") or [r[n]["value"]])
+                  for name, r in speed["rows"].items() if r.get(n, {}).get("status") == "ok"}  # fmt: skip
+        if not column:
+            continue
+        result = verdict(column, higher_is_better=False)
+        top = column[result["best"]]
+        interval = f" [{top.low:.0f}, {top.high:.0f}]" if top.low is not None else ""
+        shown = f"{top.median:.0f} ms{interval}, median of {top.n} timing round(s)"
+        if result["winner"]:
+            lines.append(f"- training step at n={n}: **{result['winner']}** ({shown}; its interval excludes the median "
+                         f"of every other of the {len(column)} rows timed)")  # fmt: skip
+            continue
+        tied = [name for name, mark in result["marks"].items() if mark == "≈ best" and name != result["best"]]
+        reason = "too few rounds for an interval" if top.low is None or top.n < 3 else "rows inside its interval"
+        lines.append(f"- training step at n={n}: no clear winner (fastest median {result['best']}: {shown}; {reason}); "
+                     f"tied with it: {', '.join(tied) or 'none'} ({len(column)} rows timed)")  # fmt: skip
     return lines
 
 

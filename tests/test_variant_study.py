@@ -265,18 +265,26 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
         "compressed": {"vit_digits": ok([0.9], 40), "gpt_char": {"median": None, "values": [], "wall_s": 1,
                                                                  "reason": reason}},
     }  # fmt: skip
-    timed = lambda short, long: {784: {"status": "ok", "value": short}, 2000: {"status": "ok", "value": long}}  # noqa: E731
-    speed = {"batch": 4, "steps": 2, "rounds": 1, "threads": 2, "lengths": [784, 2000],
-             "rows": {"full": timed(120.0, 900.0), "local": timed(80.0, 300.0)}}  # fmt: skip
+
+    def timed(short: list[float], long: list[float]) -> dict:  # the timing rounds at n=784 and n=2000
+        return {n: {"status": "ok", "value": sorted(r)[1], "rounds": r} for n, r in ((784, short), (2000, long))}
+
+    speed = {"batch": 4, "steps": 2, "rounds": 3, "threads": 2, "lengths": [784, 2000],
+             "rows": {"full": timed([82.0, 90.0, 125.0], [880.0, 900.0, 920.0]),
+                      "local": timed([78.0, 80.0, 95.0], [290.0, 300.0, 310.0])}}  # fmt: skip
     text = variant_study.markdown(args, {"CPU": "test"}, rows, [], columns, cells, speed, 1.5)
     # median [95% interval] n=<seeds>/<needed>; one seed of the ViT's 5 beats full's median: no winner, all tied
-    assert ("| full | 0.960 [0.950, 0.970] n=3/5 ≈ best | 1.9000 n=1/3 ≈ best | [1] | 120 (not measured) | "
+    assert ("| full | 0.960 [0.950, 0.970] n=3/5 ≈ best | 1.9000 n=1/3 ≈ best | [1] | 90 (not measured) | "
             "900 (not measured) | Transformer: 42.44 / 36.37 |") in text  # fmt: skip
     assert "| compressed | 0.900 n=1/5 ≈ best | [2] | not run | not run | not run | Linformer: 38.56 / 35.70 |" in text
     assert f"[2] {reason}" in text and "[1] wpe.weight is (64, 128)" in text
     assert "- ViT digits (test acc): no clear winner (best median local: 0.980, 1 seed(s); too few seeds" in text
     assert "tied with it: full, compressed (3 rows with a number)" in text
-    assert "- training step at n=2000: **local** (300 ms; one timing, no interval)" in text
+    # speed by the same rule, over the timing rounds: full's median lies inside local's interval at 784, not at 2000
+    assert ("- training step at n=2000: **local** (300 ms [290, 310], median of 3 timing round(s); its interval "
+            "excludes the median of every other of the 2 rows timed)") in text  # fmt: skip
+    assert ("- training step at n=784: no clear winner (fastest median local: 80 ms [78, 95], median of 3 timing "
+            "round(s); rows inside its interval); tied with it: full (2 rows timed)") in text  # fmt: skip
     assert "- GPT tiny-shakespeare char (val loss): no clear winner (best median full: 1.9000" in text
     assert "Compute: the jobs on this page took 0.1 hours of wall time on 2 cores (at most 0.3 CPU hours)" in text
     assert "6 cell(s) have fewer seeds than needed" in text
@@ -284,7 +292,6 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
     assert f"Local attention's window: {variant_study.SHORT_WINDOW} on vit_digits, conf/attention/local" in text
     assert "stretches the rope row's weights of the same seed by 4 at inference" in text  # how the 4x column is read
     assert "dynamic is plain RoPE within the trained block: its rows' training cells are the rope row's jobs" in text
-    assert variant_study.best([(0.1, "a"), (0.1004, "b"), (0.09, "c")], True, 3) == ("a, b", "0.100")  # a tie
     # five seeds each, far apart: a clear winner, in bold, and the page's list names it
     cells["full"]["vit_digits"] = ok([0.95, 0.97, 0.96, 0.96, 0.955], 60)
     cells["local"]["vit_digits"] = ok([0.90, 0.91, 0.92, 0.905, 0.91], 60)
