@@ -1256,8 +1256,12 @@ def markdown(
     short = sum(1 for row in rows for key, *_ in quality if (cell := cells[row.name].get(key)) and cell["values"]
                 and len(cell["values"]) < cell.get("required", 1))  # fmt: skip
     cpu_hours = sum(cell.get("cpu_s") or 0 for row in cells.values() for cell in row.values()) / 3600
-    walls = [[row.name, *(fmt(cells[row.name].get(key, {}).get("wall_s"), 0) for key, _, _, _ in quality
-                          if key != EXTRAPOLATION)] for row in rows]  # fmt: skip
+
+    def wall(cell: dict) -> str:  # a job's time where it trained to a number ("-" where it failed to start)
+        return fmt(cell.get("wall_s") if cell.get("median") is not None else None, 0)
+
+    walls = [[row.name, *(wall(cells[row.name].get(key, {})) for key, _, _, _ in quality if key != EXTRAPOLATION)]
+             for row in rows]  # fmt: skip
     lra = [
         [model, f"{s['Image']:.2f}", f"{s['ListOps']:.2f}", ", ".join(s["rows"])] for model, s in LRA_TABLE_1.items()
     ]

@@ -278,6 +278,7 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
             "900 (not measured) | Transformer: 42.44 / 36.37 |") in text  # fmt: skip
     assert "| compressed | 0.900 n=1/5 ≈ best | [2] | not run | not run | not run | Linformer: 38.56 / 35.70 |" in text
     assert f"[2] {reason}" in text and "[1] wpe.weight is (64, 128)" in text
+    assert "| compressed | 40 | - |" in text  # wall seconds of jobs that trained; none for one that could not start
     assert "- ViT digits (test acc): no clear winner (best median local: 0.980, 1 seed(s); too few seeds" in text
     assert "tied with it: full, compressed (3 rows with a number)" in text
     # speed by the same rule, over the timing rounds: full's median lies inside local's interval at 784, not at 2000
