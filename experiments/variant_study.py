@@ -1106,9 +1106,25 @@ def winners(
     return lines
 
 
-def plot(cells: dict, quality: list[tuple[str, str, int, bool]], path: Path, prior: dict | None = None) -> None:
-    """One panel per quality column: each row's median against its jobs' median wall time (log); the 4x column
-    is placed at the GPT job's time. A column with a class prior (most_common_share) draws it as a dashed line;
+def plot_times(cells: dict, key: str, cost: dict | None) -> tuple[str, dict[str, float]]:
+    """(the x-axis label, {row: x}) of column `key`'s panel: each row's training step time from the cost pass where
+    every row with a number has one (one pass, one host, one thread: the rows compare), else its jobs' median wall
+    seconds (those mix hosts and whatever ran beside the jobs). The 4x column is placed at the GPT's training."""
+    timed = "gpt_char" if key == EXTRAPOLATION else key
+    shown = [name for name, row in cells.items() if row.get(key, {}).get("median") is not None]
+    steps = {name: (cost or {}).get(timed, {}).get(name, {}) for name in shown}
+    if shown and all(step.get("status") == "ok" for step in steps.values()):
+        return "ms per training step, cost pass (log)", {name: step["step_ms"] for name, step in steps.items()}
+    walls = {name: cells[name].get(timed, {}).get("wall_s") for name in shown}
+    return "wall seconds per job (log)", {name: wall for name, wall in walls.items() if wall}
+
+
+def plot(
+    cells: dict, quality: list[tuple[str, str, int, bool]], path: Path, prior: dict | None = None,
+    cost: dict | None = None,
+) -> None:  # fmt: skip
+    """One panel per quality column: each row's median against its training time (plot_times: the cost pass's step
+    time, else the jobs' wall time; log). A column with a class prior (most_common_share) draws it as a dashed line;
     the rows on it are grey and counted rather than named (their names would sit on top of each other)."""
     import math
 
@@ -1126,20 +1142,19 @@ def plot(cells: dict, quality: list[tuple[str, str, int, bool]], path: Path, pri
     for ax in axes.flat[len(quality) :]:
         ax.axis("off")
     for ax, (key, header, digits, higher) in zip(axes.flat, quality):
-        timed = "gpt_char" if key == EXTRAPOLATION else key
-        points = [(row[timed]["wall_s"], row[key]["median"], name) for name, row in cells.items()
-                  if row.get(key, {}).get("median") is not None and row.get(timed, {}).get("wall_s")]  # fmt: skip
+        label, times = plot_times(cells, key, cost)
+        points = [(x, cells[name][key]["median"], name) for name, x in times.items()]
         share = (prior or {}).get(key, {})
         at = fmt(share["value"], digits) if share.get("status") == "ok" else None
-        for wall, value, name in points:
+        for x, value, name in points:
             on_prior = at is not None and fmt(value, digits) == at
             cell = cells[name][key]
             if cell.get("low") is not None:  # the 95% interval over seeds
-                ax.errorbar(wall, value, yerr=[[value - cell["low"]], [cell["high"] - value]], fmt="none",
+                ax.errorbar(x, value, yerr=[[value - cell["low"]], [cell["high"] - value]], fmt="none",
                             ecolor="tab:grey" if on_prior else "tab:blue", elinewidth=0.8, capsize=2)  # fmt: skip
-            ax.scatter(wall, value, color="tab:grey" if on_prior else "tab:blue")
+            ax.scatter(x, value, color="tab:grey" if on_prior else "tab:blue")
             if not on_prior:
-                ax.annotate(name, (wall, value), fontsize=7, xytext=(3, 3), textcoords="offset points")
+                ax.annotate(name, (x, value), fontsize=7, xytext=(3, 3), textcoords="offset points")
         if at is not None:
             ax.axhline(share["value"], color="tab:grey", linestyle="--", linewidth=0.8)
             count = sum(fmt(value, digits) == at for _, value, _ in points)
@@ -1151,7 +1166,7 @@ def plot(cells: dict, quality: list[tuple[str, str, int, bool]], path: Path, pri
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(header, fontsize=8)
-        ax.set_xlabel("wall seconds per job (log)", fontsize=7)
+        ax.set_xlabel(label, fontsize=7)
         ax.set_ylabel(("higher" if higher else "lower") + " is better", fontsize=7)
         ax.tick_params(labelsize=7)
         if not points:
@@ -1351,7 +1366,10 @@ def markdown(
             if zoology
             else []
         ),
-        "![quality vs time](variant_study.png)",
+        "![quality vs time](variant_study.png)\n\nThe plot: quality against training time, one panel per column: "
+        "each row's median and 95% interval against its training step time from the cost pass below (one pass, one "
+        "host, one thread: the rows compare), or, in a panel where a row has no cost record, against the jobs' "
+        "median wall seconds (those mix hosts and load).",
         "## Wall seconds per job (median over seeds)\n\n"
         + table(["attention", *(t for k, t, _, _ in quality if k != EXTRAPOLATION)], walls),  # fmt: skip
         cost_section(rows, columns, cost),
@@ -1426,7 +1444,7 @@ def main(argv: list[str] | None = None) -> Path:
     prior = prior_of(args, columns)
     wall_min = (time.perf_counter() - started) / 60
     args.out.mkdir(parents=True, exist_ok=True)
-    plot(cells, columns_of(columns), args.out / "variant_study.png", prior)
+    plot(cells, columns_of(columns), args.out / "variant_study.png", prior, cost)
     path = args.out / "variant_study.md"
     path.write_text(markdown(args, info, rows, left_out, columns, cells, speed, wall_min, prior, cost))
     summary = {"machine": info, "mode": "quick" if args.quick else "full", "wall_min": round(wall_min, 1),

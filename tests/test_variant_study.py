@@ -299,7 +299,16 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
     text = variant_study.markdown(args, {"CPU": "test"}, rows, [], columns, cells, speed, 1.5)
     assert "| full | **0.960 [0.950, 0.970] n=5/5** winner |" in text
     assert "- ViT digits (test acc): **full** (0.960 [0.950, 0.970], 5 seed(s); its interval excludes" in text
-    variant_study.plot(cells, variant_study.columns_of(columns), tmp_path / "plot.png")
+    # the plot's x: the cost pass's step time where every row with a number has one, else the jobs' wall seconds
+    cost = {"vit_digits": {"full": 30.0, "local": 20.0, "compressed": 25.0}, "gpt_char": {"local": 9.0}}
+    cost = {key: {name: {"status": "ok", "step_ms": ms} for name, ms in row.items()} for key, row in cost.items()}
+    steps = ("ms per training step, cost pass (log)", {"full": 30.0, "local": 20.0, "compressed": 25.0})
+    assert variant_study.plot_times(cells, "vit_digits", cost) == steps
+    assert variant_study.plot_times(cells, variant_study.EXTRAPOLATION, cost)[1] == {"local": 9.0}  # GPT's training
+    cost["vit_digits"]["compressed"] = {"status": "error", "reason": "no"}
+    walls = ("wall seconds per job (log)", {"full": 60, "local": 60, "compressed": 40})
+    assert variant_study.plot_times(cells, "vit_digits", cost) == walls
+    variant_study.plot(cells, variant_study.columns_of(columns), tmp_path / "plot.png", cost=cost)
     assert (tmp_path / "plot.png").stat().st_size > 1000
     variant_study.plot(cells, [], tmp_path / "speed_only.png")  # --tasks speed: nothing to draw, no error
     assert not (tmp_path / "speed_only.png").exists()
