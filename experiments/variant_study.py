@@ -123,10 +123,11 @@ COST_STEPS = 10
 COST = "cost.json"  # the ledger's record of the cost pass: {task: {row: record}}
 # n -> (vocabulary, padding id): the pixel task, LRA's ListOps, the learning ListOps column
 SPEED_SHAPES = {784: (256, None), 2000: (16, 0), 256: (16, 0)}
-# Kernels whose cost grows too fast to time a training step at every length: the longest n timed. Additive
-# attention forms tanh(W q + U k) for every (query, key) pair, a (n, n, head_dim) tensor per head, and a training
-# step keeps it for the backward: 32 x 4 x 784^2 x 16 floats, 5 GB a layer at n=784 and batch 32 (the study's
-# speed run was killed for memory there on a 24 GiB host), 6.5x that at n=2000.
+# Kernels whose cost grows too fast to train or time at every length: the longest n they are run at. Additive
+# attention evaluates tanh(W q + U k) for every (query, key) pair, n^2 * head_dim values a head, forward and again in
+# the backward (its query blocks are recomputed there): at the pixel task's 785 tokens its 500 steps would take
+# hours a job (the measured step: variant_study_checks.md, "Additive attention at the pixel task's length";
+# re-measure there if the kernel changes).
 # The issue asks for additive attention "where the sequences are short enough": the study's jobs, its speed
 # table and its cost pass all stop at the same length, with the same one-line reason (beyond_longest).
 SPEED_LONGEST = {"additive": 256}
