@@ -61,7 +61,7 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from pathlib import Path
@@ -1075,16 +1075,7 @@ def winners(
                 f", class {share['class']}): none of the {len(column)} row(s) with a number scored above it"
             )
             continue
-        interval = f" [{fmt(top.low, digits)}, {fmt(top.high, digits)}]" if top.low is not None else ""
-        shown = f"{fmt(top.median, digits)}{interval}, {top.n} seed(s)"
-        if result["winner"]:
-            lines.append(f"- {header}: **{result['winner']}** ({shown}; its interval excludes the median of every "
-                         f"other of the {len(column)} rows with a number)")  # fmt: skip
-            continue
-        tied = [name for name, mark in result["marks"].items() if mark == "≈ best" and name != result["best"]]
-        reason = "too few seeds for an interval" if top.low is None or top.n < 3 else "rows inside its interval"
-        lines.append(f"- {header}: no clear winner (best median {result['best']}: {shown}; {reason}); tied with it: "
-                     f"{', '.join(tied) or 'none'} ({len(column)} rows with a number)")  # fmt: skip
+        lines.append(verdict_line(header, column, result, lambda x, d=digits: fmt(x, d), "seed", "rows with a number"))
     for n in speed["lengths"]:
         # The same rule over the timing rounds (each the mean of a few steps, interleaved across rows): a speed
         # column names a winner only when its interval excludes every other row's median, as a quality one does.
@@ -1093,18 +1084,26 @@ def winners(
         if not column:
             continue
         result = verdict(column, higher_is_better=False)
-        top = column[result["best"]]
-        interval = f" [{top.low:.0f}, {top.high:.0f}]" if top.low is not None else ""
-        shown = f"{top.median:.0f} ms{interval}, median of {top.n} timing round(s)"
-        if result["winner"]:
-            lines.append(f"- training step at n={n}: **{result['winner']}** ({shown}; its interval excludes the median "
-                         f"of every other of the {len(column)} rows timed)")  # fmt: skip
-            continue
-        tied = [name for name, mark in result["marks"].items() if mark == "≈ best" and name != result["best"]]
-        reason = "too few rounds for an interval" if top.low is None or top.n < 3 else "rows inside its interval"
-        lines.append(f"- training step at n={n}: no clear winner (fastest median {result['best']}: {shown}; {reason}); "
-                     f"tied with it: {', '.join(tied) or 'none'} ({len(column)} rows timed)")  # fmt: skip
+        lines.append(verdict_line(f"training step at n={n}", column, result, lambda x: f"{x:.0f}", "timing round",
+                                  "rows timed", unit=" ms"))  # fmt: skip
     return lines
+
+
+def verdict_line(header: str, column: dict[str, Cell], result: dict, shown: Callable[[float], str], sample: str,
+                 counted: str, unit: str = "") -> str:  # fmt: skip
+    """A column's line of "Which setting wins where" from its verdict (study_stats.verdict): the winner, or "no clear
+    winner" with the best median and the rows tied with it. `shown` writes a value (its `unit` after the median),
+    `sample` names what the interval is over (seed, timing round) and `counted` the rows it compared."""
+    top = column[result["best"]]
+    interval = f" [{shown(top.low)}, {shown(top.high)}]" if top.low is not None else ""
+    value = f"{shown(top.median)}{unit}{interval}, {top.n} {sample}(s)"
+    if result["winner"]:
+        return (f"- {header}: **{result['winner']}** ({value}; its interval excludes the median of every other of the "
+                f"{len(column)} {counted})")  # fmt: skip
+    tied = [name for name, mark in result["marks"].items() if mark == "≈ best" and name != result["best"]]
+    reason = f"too few {sample}s for an interval" if top.low is None or top.n < 3 else "rows inside its interval"
+    return (f"- {header}: no clear winner (best median {result['best']}: {value}; {reason}); tied with it: "
+            f"{', '.join(tied) or 'none'} ({len(column)} {counted})")  # fmt: skip
 
 
 def plot_times(cells: dict, key: str, cost: dict | None) -> tuple[str, dict[str, float]]:

@@ -282,10 +282,10 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
     assert "- ViT digits (test acc): no clear winner (best median local: 0.980, 1 seed(s); too few seeds" in text
     assert "tied with it: full, compressed (3 rows with a number)" in text
     # speed by the same rule, over the timing rounds: full's median lies inside local's interval at 784, not at 2000
-    assert ("- training step at n=2000: **local** (300 ms [290, 310], median of 3 timing round(s); its interval "
-            "excludes the median of every other of the 2 rows timed)") in text  # fmt: skip
-    assert ("- training step at n=784: no clear winner (fastest median local: 80 ms [78, 95], median of 3 timing "
-            "round(s); rows inside its interval); tied with it: full (2 rows timed)") in text  # fmt: skip
+    assert ("- training step at n=2000: **local** (300 ms [290, 310], 3 timing round(s); its interval excludes the "
+            "median of every other of the 2 rows timed)") in text  # fmt: skip
+    assert ("- training step at n=784: no clear winner (best median local: 80 ms [78, 95], 3 timing round(s); rows "
+            "inside its interval); tied with it: full (2 rows timed)") in text  # fmt: skip
     assert "- GPT tiny-shakespeare char (val loss): no clear winner (best median full: 1.9000" in text
     assert "Compute: the jobs on this page took 0.1 hours of wall time on 2 cores (at most 0.3 CPU hours)" in text
     assert "6 cell(s) have fewer seeds than needed" in text
