@@ -935,8 +935,9 @@ def run_study(args: argparse.Namespace, rows: list[Row], columns: list[Task]) ->
                     )
                 if result["status"] != "ok":
                     break  # a job that cannot run (or has not run) gets no second seed
-                # the first seed's time decides how many the cell needs (a cap: --seeds)
-                required = args.seeds or seeds_required(results[0].get("wall_s"))
+                # the median time of its jobs so far decides how many the cell needs, as summarise counts them on the
+                # page (a cap: --seeds)
+                required = args.seeds or seeds_required(summarise(results)["wall_s"])
                 seed += 1
             cells[row.name][task.key] = {"runs": results}
     for row_cells in cells.values():
@@ -1229,6 +1230,45 @@ def provenance(cells: dict) -> str:
             f"(--reuse: the job folders, or the ledger {LEDGER}/).{mixed}")  # fmt: skip
 
 
+def remaining_work(rows: list[Row], cells: dict, cost: dict) -> dict:
+    """What the page still lacks, for planning the next sitting: {"cells", "jobs", "hours", "unknown"}. A cell lacks
+    jobs when it has no record yet ("not run") or fewer seeds than it needs; a row that cannot run a task (its one-
+    line reason) lacks none, nor does the 4x column (the GPT's jobs) or a row trained as another (RoPE scaling within
+    the block). A job's wall time is estimated as the cell's own median job where it has one, else as full
+    attention's median job on that column times the row's step time over full's from the cost pass (one pass, so
+    the ratio holds); "unknown" counts the jobs with neither."""
+    cells_lacking, jobs, seconds, unknown = 0, 0, 0.0, 0
+    for row in rows:
+        if row.attention.get("rope_scaling") in PLAIN_WITHIN_BLOCK:
+            continue
+        for key, cell in cells[row.name].items():
+            if key == EXTRAPOLATION or (cell["median"] is None and cell.get("reason") != NOT_RUN["reason"]):
+                continue
+            missing = cell["required"] - len(cell["values"])
+            if missing <= 0:
+                continue
+            cells_lacking, jobs = cells_lacking + 1, jobs + missing
+            step, base = (cost.get(key, {}).get(name, {}) for name in (row.name, "full"))
+            full_wall = cells.get("full", {}).get(key, {}).get("wall_s")
+            if cell.get("wall_s"):
+                seconds += missing * cell["wall_s"]
+            elif step.get("status") == base.get("status") == "ok" and full_wall:
+                seconds += missing * full_wall * step["step_ms"] / base["step_ms"]
+            else:
+                unknown += missing
+    return {"cells": cells_lacking, "jobs": jobs, "hours": round(seconds / 3600, 1), "unknown": unknown}
+
+
+def left_to_run(left: dict) -> str:
+    """The page's sentence on what remains (remaining_work), or nothing when every cell is complete."""
+    if not left["jobs"]:
+        return ""
+    unknown = f", and {left['unknown']} job(s) with no estimate" if left["unknown"] else ""
+    return (f" To complete the page: {left['jobs']} job(s) in {left['cells']} cell(s), about {left['hours']} hours of "
+            f"job wall time at the recorded job times (remaining_work says how they are estimated){unknown}; "
+            "`--resume` runs exactly these.")  # fmt: skip
+
+
 def prior_text(prior: dict, columns: list[Task]) -> str:
     """The class-prior line under the table (most_common_share of each column that shows one)."""
     titles = {task.key: task.title for task in columns}
@@ -1320,7 +1360,7 @@ def markdown(
         "when its interval excludes every other row's median; otherwise the best median and the rows whose "
         "intervals overlap it are marked ≈ best (and with fewer than 3 seeds the best has no interval: every row "
         'is ≈ best). A cell without a number names the one-line error the job got (footnotes); "not run" has no '
-        "record yet.",
+        "record yet." + left_to_run(remaining_work(rows, cells, cost)),
         table(["machine", ""], [[k, v] for k, v in info.items()]),
         "## Quality and speed per attention setting\n\n"
         + table(header, body)
@@ -1450,7 +1490,8 @@ def main(argv: list[str] | None = None) -> Path:
     summary = {"machine": info, "mode": "quick" if args.quick else "full", "wall_min": round(wall_min, 1),
                "rows": [asdict(row) for row in rows], "left_out": left_out,
                "tasks": [{**asdict(task), "needs": [str(p) for p in task.needs]} for task in columns],
-               "cells": cells, "speed": speed, "prior": prior, "cost": cost}  # fmt: skip
+               "cells": cells, "speed": speed, "prior": prior, "cost": cost,
+               "remaining": remaining_work(rows, cells, cost)}  # fmt: skip
     (args.out / "variant_study.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     print(f"\nwrote {path} in {wall_min:.1f} min", flush=True)
     return path

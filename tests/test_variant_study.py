@@ -128,6 +128,52 @@ def test_additive_attention_runs_only_where_the_sequences_are_short_enough(tmp_p
     assert at_limit == variant_study.NOT_RUN  # up to the limit additive attention runs
 
 
+def test_the_page_says_what_remains_to_run_and_how_long_it_should_take() -> None:
+    def cell(*results: dict) -> dict:
+        return {"runs": list(results), **variant_study.summarise(list(results))}
+
+    def ok(value: float, wall: float) -> dict:
+        return {"status": "ok", "value": value, "wall_s": wall}
+
+    names = {"full": {}, "local": {}, "sparse": {}, "additive": {}, "rope+dynamic": {"rope_scaling": "dynamic"}}
+    rows = [variant_study.Row(name, (), {"variant": name, **extra}, "test") for name, extra in names.items()]
+    cannot = {"status": "error", "reason": "not run beyond n=256"}
+    cells = {
+        "full": {"t": cell(ok(1, 100), ok(2, 100), ok(3, 100)), "gpt_char@4x": cell(variant_study.NOT_RUN)},
+        "local": {"t": cell(variant_study.NOT_RUN)},  # no job yet: timed through the cost pass against full's
+        "sparse": {"t": cell(variant_study.NOT_RUN)},  # nor a cost record: no estimate
+        "additive": {"t": cell(cannot)},  # its reason is its cell: nothing to run
+        "rope+dynamic": {"t": cell(variant_study.NOT_RUN)},  # the rope row's jobs
+    }  # fmt: skip
+    cost = {"t": {"full": {"status": "ok", "step_ms": 10.0}, "local": {"status": "ok", "step_ms": 20.0}}}
+    left = variant_study.remaining_work(rows, cells, cost)
+    # full: 2 more seeds of 100 s (its jobs take under 2 minutes: 5 needed); local: 3 of 2 x 100 s; sparse: 3 unknown
+    assert left == {"cells": 3, "jobs": 8, "hours": round(800 / 3600, 1), "unknown": 3}
+    text = variant_study.left_to_run(left)
+    assert (
+        "To complete the page: 8 job(s) in 3 cell(s), about 0.2 hours" in text and "3 job(s) with no estimate" in text
+    )
+    assert variant_study.left_to_run({"cells": 0, "jobs": 0, "hours": 0.0, "unknown": 0}) == ""
+
+
+def test_a_cell_runs_the_seeds_the_page_says_it_needs(tmp_path: Path, monkeypatch) -> None:
+    """--resume stops a cell where the page's count does (the median job time so far, not the first seed's)."""
+    walls = [100.0, 200.0, 200.0, 100.0, 100.0]  # the first job under 2 minutes, the median of three over it
+    ran = []
+
+    def fake_job(job, *args, **kwargs) -> dict:
+        ran.append(job.seed)
+        return {"status": "ok", "value": 1.0, "wall_s": walls[job.seed]}
+
+    monkeypatch.setattr(variant_study, "run_job", fake_job)
+    args = quick_args(tmp_path)
+    args.quick, args.seeds = False, None  # the full study's rule: 5 seeds under 2 minutes, else 3
+    task = variant_study.Task("t", "T", "test/acc", True, ())
+    row = variant_study.Row("full", (), {"variant": "full"}, "test")
+    cell = variant_study.run_study(args, [row], [task])["full"]["t"]
+    assert ran == [0, 1, 2] and cell["required"] == 3 and len(cell["values"]) == 3
+
+
 def test_a_column_without_its_data_is_announced_with_the_option_that_finds_it(tmp_path: Path) -> None:
     args = variant_study.parse_args(["--quick", "--shared", str(tmp_path / "nowhere"), "--out", str(tmp_path)])
     lines = variant_study.skipped_columns(variant_study.tasks(args))
