@@ -1344,6 +1344,7 @@ def markdown(
     selection = "".join(f" --{flag}" for flag in ("reuse", "resume") if getattr(args, flag)) + selection
     zoology = zoology_anchor(cells, quality)
     shown = {task.key for task in columns}
+    left = left_to_run(remaining_work(rows, cells, cost)) if not args.seeds else ""  # --seeds caps what --resume runs
     parts = [
         "# The variant study",
         f"Written by `python experiments/variant_study.py{' --quick' if args.quick else ''}{selection}` ({mode}) in "
@@ -1360,7 +1361,7 @@ def markdown(
         "when its interval excludes every other row's median; otherwise the best median and the rows whose "
         "intervals overlap it are marked ≈ best (and with fewer than 3 seeds the best has no interval: every row "
         'is ≈ best). A cell without a number names the one-line error the job got (footnotes); "not run" has no '
-        "record yet." + left_to_run(remaining_work(rows, cells, cost)),
+        "record yet." + left,
         table(["machine", ""], [[k, v] for k, v in info.items()]),
         "## Quality and speed per attention setting\n\n"
         + table(header, body)

@@ -335,6 +335,7 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
     assert "- GPT tiny-shakespeare char (val loss): no clear winner (best median full: 1.9000" in text
     assert "Compute: the jobs on this page took 0.1 hours of wall time on 2 cores (at most 0.3 CPU hours)" in text
     assert "6 cell(s) have fewer seeds than needed" in text
+    assert "To complete the page" not in text  # --quick's one seed: --resume with it would run none of them
     assert "| Performer | 42.77 | 18.01 | favor, linear+favor |" in text and "smaller" in text
     assert f"Local attention's window: {variant_study.SHORT_WINDOW} on vit_digits, conf/attention/local" in text
     assert "stretches the rope row's weights of the same seed by 4 at inference" in text  # how the 4x column is read
