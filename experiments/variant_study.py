@@ -891,7 +891,7 @@ def prior_of(args: argparse.Namespace, columns: list[Task]) -> dict:
 # -- the study ------------------------------------------------------------------------------------------------
 def summarise(results: list[dict]) -> dict:
     """Median and 95% bootstrap interval of a cell's seeds (study_stats.Cell), the seeds it needs (study_stats:
-    5 for a job under 2 minutes, else 3, whatever --seeds ran), or the reason it has no number."""
+    5 where its first job took under 2 minutes, else 3, whatever --seeds ran), or the reason it has no number."""
     values = [r["value"] for r in results if r["status"] == "ok" and r.get("value") is not None]
     walls = [r["wall_s"] for r in results if r.get("wall_s") is not None]
     reasons = sorted({r["reason"] for r in results if r["status"] != "ok" and r.get("reason")})
@@ -902,7 +902,7 @@ def summarise(results: list[dict]) -> dict:
         "low": cell.low if cell else None,
         "high": cell.high if cell else None,
         "values": values,
-        "required": seeds_required(wall),
+        "required": seeds_required(results[0].get("wall_s") if results else None),  # the first seed's job time
         "wall_s": wall,
         "cpu_s": sum(r["wall_s"] for r in results if r.get("wall_s") is not None and not r.get("trained_as")),
         "reason": reasons[0] if reasons else None,
@@ -935,9 +935,9 @@ def run_study(args: argparse.Namespace, rows: list[Row], columns: list[Task]) ->
                     )
                 if result["status"] != "ok":
                     break  # a job that cannot run (or has not run) gets no second seed
-                # the median time of its jobs so far decides how many the cell needs, as summarise counts them on the
-                # page (a cap: --seeds)
-                required = args.seeds or seeds_required(summarise(results)["wall_s"])
+                # the first seed's time decides how many the cell needs, as summarise counts them on the page (a
+                # cap: --seeds); later seeds, on another host or beside other jobs, do not move it
+                required = args.seeds or summarise(results)["required"]
                 seed += 1
             cells[row.name][task.key] = {"runs": results}
     for row_cells in cells.values():
