@@ -129,3 +129,26 @@ def test_config_round_trips_through_a_dict() -> None:
         assert again == config
         model = RNNTranslation(again)
         assert model.load_state_dict(RNNTranslation(config).state_dict()) is not None
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_the_recurrence_runs_in_float32_under_bf16_autocast_on_a_cpu_without_native_bf16(cell, monkeypatch) -> None:
+    """oneDNN has no bf16 recurrent kernel on such CPUs ("could not create a primitive descriptor"): the cells run in
+    float32 there, with the same result as outside autocast; a whole model's step under bf16 autocast works."""
+    from zoo.models import rnn_translation
+
+    monkeypatch.setattr(rnn_translation, "_cpu_native_bf16", lambda: False)
+    torch.manual_seed(0)
+    rnn = (torch.nn.LSTM if cell == "lstm" else torch.nn.GRU)(4, 3, batch_first=True)
+    x = torch.randn(2, 5, 4)
+    expected, _ = rnn(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = rnn_translation._recur(rnn, x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected)
+    model = RNNTranslation(RNNTranslationConfig(vocab_size=12, embed_dim=8, hidden=8, layers=1, cell=cell))
+    src, tgt = torch.randint(4, 12, (2, 6)), torch.randint(4, 12, (2, 5))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(src, tgt)
+    logits.float().sum().backward()
+    assert all(p.grad is not None for p in model.encoder.parameters())

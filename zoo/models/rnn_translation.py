@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from zoo.attention import AttentionConfig, MultiHeadAttention
 from zoo.nn import ModelConfig
@@ -93,6 +93,29 @@ class RNNSearchState:
         self.start = _select_state(self.start, indices)
 
 
+def _cpu_native_bf16() -> bool:
+    """AVX512-BF16 or AMX (the probes of zoo.training.precision.native_bf16, which this layer may not import)."""
+    return any(
+        getattr(torch.cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    )
+
+
+def _recur(rnn: nn.RNNBase, x: Any, state: Any = None) -> tuple[Any, Any]:
+    """rnn(x, state). Under CPU autocast to bf16 on a CPU without native bf16 the cell runs in float32: oneDNN has
+    no bf16 recurrent kernel there ("could not create a primitive descriptor for the LSTM"), and emulated bf16
+    would be slower than float32 anyway."""
+    device = (x.data if isinstance(x, PackedSequence) else x).device
+    lowered = (
+        device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    )
+    if not lowered or _cpu_native_bf16():
+        return rnn(x, state)
+    if state is not None:
+        state = tuple(s.float() for s in state) if isinstance(state, tuple) else state.float()
+    with torch.autocast("cpu", enabled=False):
+        return rnn(x.float(), state)
+
+
 def _select_state(state: Any, indices: torch.Tensor) -> Any:
     if isinstance(state, tuple):
         return tuple(s.index_select(1, indices) for s in state)
@@ -135,7 +158,7 @@ class RNNTranslation(nn.Module):
         lengths = (~padding).sum(dim=1).clamp(min=1).cpu()
         x = self.dropout(self.embed(src))
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-        states, final = self.encoder(packed)
+        states, final = _recur(self.encoder, packed)
         states, _ = pad_packed_sequence(states, batch_first=True, total_length=src.shape[1])  # (B, S, 2 hidden)
 
         def start(last: torch.Tensor, bridge: nn.Linear) -> torch.Tensor:  # (2 layers, B, H) -> (layers, B, H)
@@ -164,7 +187,7 @@ class RNNTranslation(nn.Module):
         context = encoded["context"]
         if context is not None:
             x = torch.cat([x, context[:, None].expand(-1, x.shape[1], -1)], dim=-1)
-        states, hidden = self.decoder(x, hidden)  # (B, T, H)
+        states, hidden = _recur(self.decoder, x, hidden)  # (B, T, H)
         weights = None
         if self.attention is not None:
             attended = self.attention(
