@@ -1265,8 +1265,9 @@ def left_to_run(left: dict) -> str:
         return ""
     unknown = f", and {left['unknown']} job(s) with no estimate" if left["unknown"] else ""
     return (f" To complete the page: {left['jobs']} job(s) in {left['cells']} cell(s), about {left['hours']} hours of "
-            f"job wall time at the recorded job times (remaining_work says how they are estimated){unknown}; "
-            "`--resume` runs exactly these.")  # fmt: skip
+            "job wall time (each at its cell's recorded job time, else at full attention's scaled by the cost pass's "
+            f"step times){unknown}; `--resume` runs them (a cell not run yet needs 5 seeds, not 3, if its first job "
+            "takes under 2 minutes).")  # fmt: skip
 
 
 def prior_text(prior: dict, columns: list[Task]) -> str:
