@@ -512,11 +512,11 @@ def positions_markdown(out: Path) -> str:
         body = [f"| {picked[0]} |", "|" + "---|" * len(keep)] + [f"| {line} |" for line in picked[1:]]
         command = re.search(r"^Written by `([^`]+)`", text, re.M)
         when = re.search(r"^\| date \| (.+?) \|$", text, re.M)
-        cited = set(re.findall(r"\[\d+\]", "\n".join(picked)))  # only the footnotes these rows cite, from
-        section = re.split(r"^#", text[found.end() :], maxsplit=1, flags=re.M)[0]  # the table's own section:
-        notes = "\n".join(  # each table of the page numbers its footnotes from [1]
-            note for note in re.findall(r"^\[\d+\] .*$", section, re.M) if note.split()[0] in cited
-        )
+        # Only the footnotes these rows cite, read from the table's own section (up to the next heading): each
+        # table of the page numbers its footnotes from [1].
+        cited = set(re.findall(r"\[\d+\]", "\n".join(picked)))
+        section = re.split(r"^#", text[found.end() :], maxsplit=1, flags=re.M)[0]
+        notes = "\n".join(note for note in re.findall(r"^\[\d+\] .*$", section, re.M) if note.split()[0] in cited)
         shown = page.relative_to(out)
         return (
             "### Position options in the GPT, at its block and at 4x it (`experiments/variant_study.py`)\n\n"
