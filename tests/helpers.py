@@ -20,8 +20,6 @@ from tests.variants import settings_cases, supports
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-
 
 def compose_config(overrides: list[str], output_dir: Path | None = None) -> DictConfig:
     """The config `python run.py <overrides>` would see, with run outputs in output_dir."""
