@@ -83,7 +83,7 @@ def run_in_process(args: list[str], capsys=None) -> tuple[int, str, str]:
     import io
     import runpy
 
-    argv = sys.argv
+    argv, hydra_run = sys.argv, HydraConfig.instance().cfg
     sys.argv = [str(ROOT / "run.py"), *args]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.ExitStack() as capture:
@@ -95,8 +95,9 @@ def run_in_process(args: list[str], capsys=None) -> tuple[int, str, str]:
             code = 0
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else 1
-        finally:
-            sys.argv = argv
+        finally:  # the process as the run found it: a sweep's Hydra config read by the next test would make it a job
+            sys.argv, HydraConfig.instance().cfg = argv, hydra_run
+            GlobalHydra.instance().clear()
     if capsys is not None:
         return code, *capsys.readouterr()
     return code, out.getvalue(), err.getvalue()
