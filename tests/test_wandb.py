@@ -16,11 +16,20 @@ from typing import Any
 
 import pytest
 import yaml
+from hydra.core.hydra_config import HydraConfig
 
 from tests.helpers import ROOT, compose_config, run_cli, run_in_process
 from zoo.training.loggers import wandb_api_key_available, wandb_logger, wandb_mode
 
 NO_KEY = {"WANDB_API_KEY": "", "WANDB_MODE": "", "NETRC": "/nonexistent/netrc"}
+
+
+@pytest.fixture(autouse=True)
+def outside_any_hydra_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The logger asks Hydra whether it runs in a sweep (its name and group say so). Each test here starts outside
+    any Hydra run: a config an earlier test of this worker composed (compose_config sets Hydra's global config, a
+    hparams_search one in MULTIRUN mode) would otherwise make a plain logger a sweep's job."""
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)
 
 
 def wandb_records(path: Path) -> list[Any]:
