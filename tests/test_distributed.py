@@ -85,7 +85,7 @@ def test_trainer_configs_choose_their_strategy(tmp_path: Path) -> None:
     gpu = compose_config(["trainer=gpu"], tmp_path).trainer
     assert (gpu.accelerator, gpu.devices, gpu.precision) == ("gpu", 1, "auto")  # bf16-mixed, or 16-mixed before Ampere
     multinode = compose_config(["trainer=multinode"], tmp_path).trainer
-    assert multinode.num_nodes == 2 and multinode.strategy._target_.endswith("DDPStrategy")
+    assert multinode.num_nodes == 2 and multinode.strategy._target_.endswith("ddp_strategy")
     assert compose_config(["trainer=cpu"], tmp_path).trainer.accelerator == "cpu"  # still the default
     assert compose_config([], tmp_path).trainer.accelerator == "cpu"
 

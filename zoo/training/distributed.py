@@ -11,12 +11,47 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from hydra.utils import get_class
+
+
+# -- joining the run, then waiting in a collective -------------------------------------------------------
+# Two bounds, apart: a rank's start-up (a new interpreter importing torch and Lightning, on a loaded node or a slow
+# shared file system) can take minutes, while a rank that hangs mid-training should end the run sooner. Lightning
+# hands one `timeout` to init_process_group, where it bounds both; here `start_timeout` bounds the rendezvous and
+# `timeout` every collective after it (torch.distributed.set_timeout once the process group is up).
+def with_start_timeout(strategy: type) -> type:
+    """A subclass of a Lightning strategy class (DDP, FSDP) that takes `start_timeout`: a timedelta or seconds
+    (None: as `timeout`)."""
+
+    class Strategy(strategy):
+        def __init__(self, *args: Any, start_timeout: timedelta | float | None = None, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.collective_timeout = self._timeout
+            if isinstance(start_timeout, (int, float)):
+                start_timeout = timedelta(seconds=start_timeout)
+            if start_timeout is not None:
+                self._timeout = start_timeout  # what Lightning hands to init_process_group
+
+        def setup_distributed(self) -> None:
+            super().setup_distributed()
+            if torch.distributed.is_initialized() and self.collective_timeout not in (None, self._timeout):
+                torch.distributed.set_timeout(self.collective_timeout)
+
+    Strategy.__name__ = Strategy.__qualname__ = strategy.__name__
+    return Strategy
+
+
+def ddp_strategy(**kwargs: Any) -> L.pytorch.strategies.DDPStrategy:
+    """Lightning's DDPStrategy with `start_timeout` for joining the run apart from `timeout` for collectives."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    return with_start_timeout(DDPStrategy)(**kwargs)
 
 
 # -- FSDP -------------------------------------------------------------------------------------------
@@ -26,12 +61,15 @@ def fsdp_strategy(
     **kwargs: Any,
 ) -> L.pytorch.strategies.FSDPStrategy:
     """Lightning's FSDPStrategy with the wrap and activation-checkpointing policies named by class path
-    (YAML can name classes, not hold them). Every TransformerBlock becomes its own FSDP unit."""
+    (YAML can name classes, not hold them), and `start_timeout` as ddp_strategy's. Every TransformerBlock becomes
+    its own FSDP unit."""
     from lightning.pytorch.strategies import FSDPStrategy
 
     policy = {get_class(path) for path in wrap} if wrap else None
     checkpointing = {get_class(path) for path in activation_checkpointing} if activation_checkpointing else None
-    return FSDPStrategy(auto_wrap_policy=policy, activation_checkpointing_policy=checkpointing, **kwargs)
+    return with_start_timeout(FSDPStrategy)(
+        auto_wrap_policy=policy, activation_checkpointing_policy=checkpointing, **kwargs
+    )
 
 
 # -- a rank that died -------------------------------------------------------------------------------
