@@ -167,3 +167,11 @@ def test_rewriting_the_page_keeps_the_sections_other_scripts_wrote(tmp_path: Pat
     assert text.count(kept) == 1 and "an old figure" not in text
     again = reproduce.write_results(args, {"CPU": "c"}, [], ("", []), ("", []), tmp_path).read_text()
     assert again == text  # rewriting twice neither duplicates nor loses it
+
+
+def test_the_committed_results_page_has_each_section_once() -> None:
+    """experiments/results/RESULTS.md is rewritten section by section across sittings: a section left behind next
+    to its newer copy (e.g. the GPT's position options) would show two dates and two sets of figures."""
+    text = (Path(__file__).resolve().parents[1] / "experiments" / "results" / "RESULTS.md").read_text()
+    titles = [line.lstrip("#").strip() for line in text.splitlines() if line.startswith(("## ", "### "))]
+    assert len(titles) == len(set(titles)), sorted({title for title in titles if titles.count(title) > 1})
