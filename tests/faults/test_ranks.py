@@ -4,15 +4,17 @@ last good checkpoint, which stays; auto_resume continues to exactly the metrics 
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import hydra
 import pytest
+from hydra.errors import InstantiationException
 
 from tests.faults.conftest import TINY_VIT, assert_same_metrics, fault, metrics_of, only_run_dir, run
-from tests.helpers import compose_config
+from tests.helpers import compose_config, run_in_process
 from zoo.weights import read_checkpoint
 
 DDP = [*TINY_VIT, "trainer=ddp_cpu", "trainer.max_epochs=2", "logger=csv"]
@@ -32,6 +34,22 @@ def test_the_collective_and_start_timeouts_are_the_configs(trainer: str, tmp_pat
     default, config = strategy()
     assert config.timeout.seconds == 1800 and config.start_timeout is None
     assert default._timeout == default.collective_timeout == timedelta(seconds=1800)
+
+
+BAD_START_TIMEOUT = r"trainer.strategy.start_timeout=.*: give seconds \(a number > 0\), e.g. .*, or null"
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "abc", "true"])
+def test_a_start_timeout_that_is_not_seconds_is_refused_naming_it(value: str, tmp_path: Path) -> None:
+    cfg = compose_config(["trainer=ddp_cpu", f"trainer.strategy.start_timeout={value}"], tmp_path)
+    with pytest.raises(InstantiationException, match=BAD_START_TIMEOUT):
+        hydra.utils.instantiate(cfg.trainer.strategy, _convert_="all")
+
+
+def test_the_command_line_shows_a_bad_start_timeout_in_one_line(tmp_path: Path, capsys) -> None:
+    args = [*DDP, "trainer.strategy.start_timeout=abc", f"paths.log_dir={tmp_path}", "print_config=false"]
+    code, _, err = run_in_process(args, capsys)
+    assert code == 2 and re.fullmatch(f"error: {BAD_START_TIMEOUT}.*", err.strip()), err[-2000:]
 
 
 @pytest.fixture(scope="module")

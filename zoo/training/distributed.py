@@ -33,8 +33,13 @@ def with_start_timeout(strategy: type) -> type:
         def __init__(self, *args: Any, start_timeout: timedelta | float | None = None, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.collective_timeout = self._timeout
-            if isinstance(start_timeout, (int, float)):
+            if isinstance(start_timeout, (int, float)) and not isinstance(start_timeout, bool) and start_timeout > 0:
                 start_timeout = timedelta(seconds=start_timeout)
+            elif not (start_timeout is None or isinstance(start_timeout, timedelta)):
+                raise ValueError(
+                    f"trainer.strategy.start_timeout={start_timeout!r}: give seconds (a number > 0), e.g. "
+                    "trainer.strategy.start_timeout=600, or null (as trainer.strategy.timeout)"
+                )
             if start_timeout is not None:
                 self._timeout = start_timeout  # what Lightning hands to init_process_group
 
