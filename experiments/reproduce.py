@@ -182,7 +182,7 @@ def cpu_name() -> str:
     bf16 natively (e.g. 'AMD EPYC (AVX2, no native bf16 found)': one name covers CPU generations ~2x apart)."""
     import torch
 
-    from zoo.training.precision import native_bf16
+    from zoo.hardware import native_bf16
 
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError, StopIteration):

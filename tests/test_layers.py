@@ -13,19 +13,34 @@ import pytest
 from tests.helpers import ROOT
 
 ZOO = ROOT / "zoo"
-# What each layer may import from zoo (besides itself). Leaves: errors (types and checks), weights (the reader).
+# What each layer may import from zoo (besides itself). Leaves: errors (types and checks), weights (the reader),
+# hardware (what the processors do natively).
 ALLOWED = {
     "errors": set(),
     "weights": {"errors"},
+    "hardware": set(),
     "attention": {"errors"},
     "nn": {"errors", "attention"},
-    "models": {"errors", "weights", "attention", "nn"},
+    "models": {"errors", "weights", "hardware", "attention", "nn"},
     "data": {"errors"},
-    "training": {"errors", "weights"},
-    "tasks": {"errors", "weights", "attention", "nn", "models", "data", "training"},
-    "export": {"errors", "weights", "attention", "nn", "models", "data"},  # zoo.load: pure torch, no Lightning
+    "training": {"errors", "weights", "hardware"},
+    "tasks": {"errors", "weights", "hardware", "attention", "nn", "models", "data", "training"},
+    # export: zoo.load, pure torch, no Lightning
+    "export": {"errors", "weights", "hardware", "attention", "nn", "models", "data"},
     "explain": {"errors", "attention", "nn", "models"},  # attribution math on the models: usable from a notebook
-    "app": {"errors", "weights", "attention", "nn", "models", "data", "training", "tasks", "export", "explain"},
+    "app": {
+        "errors",
+        "weights",
+        "hardware",
+        "attention",
+        "nn",
+        "models",
+        "data",
+        "training",
+        "tasks",
+        "export",
+        "explain",
+    },
 }
 
 

@@ -137,7 +137,7 @@ def test_the_recurrence_runs_in_float32_under_bf16_autocast_on_a_cpu_without_nat
     float32 there, with the same result as outside autocast; a whole model's step under bf16 autocast works."""
     from zoo.models import rnn_translation
 
-    monkeypatch.setattr(rnn_translation, "_cpu_native_bf16", lambda: False)
+    monkeypatch.setattr(rnn_translation, "native_bf16", lambda device: False)
     torch.manual_seed(0)
     rnn = (torch.nn.LSTM if cell == "lstm" else torch.nn.GRU)(4, 3, batch_first=True)
     x = torch.randn(2, 5, 4)

@@ -29,6 +29,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from zoo.attention import AttentionConfig, MultiHeadAttention
+from zoo.hardware import native_bf16
 from zoo.nn import ModelConfig
 
 CELLS = ("gru", "lstm")
@@ -93,13 +94,6 @@ class RNNSearchState:
         self.start = _select_state(self.start, indices)
 
 
-def _cpu_native_bf16() -> bool:
-    """AVX512-BF16 or AMX (the probes of zoo.training.precision.native_bf16, which this layer may not import)."""
-    return any(
-        getattr(torch.cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    )
-
-
 def _recur(rnn: nn.RNNBase, x: Any, state: Any = None) -> tuple[Any, Any]:
     """rnn(x, state). Under CPU autocast to bf16 on a CPU without native bf16 the cell runs in float32: oneDNN has
     no bf16 recurrent kernel there ("could not create a primitive descriptor for the LSTM"), and emulated bf16
@@ -108,7 +102,7 @@ def _recur(rnn: nn.RNNBase, x: Any, state: Any = None) -> tuple[Any, Any]:
     lowered = (
         device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
     )
-    if not lowered or _cpu_native_bf16():
+    if not lowered or native_bf16("cpu"):
         return rnn(x, state)
     if state is not None:
         state = tuple(s.float() for s in state) if isinstance(state, tuple) else state.float()

@@ -24,6 +24,8 @@ from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixed
 from lightning.pytorch.plugins.precision.precision import Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_info, rank_zero_warn
 
+from zoo.hardware import native_bf16
+
 # Lightning's precision names (lightning.fabric.connector._PRECISION_INPUT) and zoo's `auto`.
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true", "transformer-engine",
               "transformer-engine-float16", "32", "bf16", "16", "64")  # fmt: skip
@@ -57,16 +59,6 @@ class MixedPrecision(LightningMixedPrecision):
     ) -> None:
         # Gradients are unscaled by now (optimizer_step), so the plain clipping is right for every optimiser.
         Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
-
-
-def native_bf16(device: str) -> bool:
-    """Whether `device` ("cpu", "cuda", "mps") multiplies bf16 matrices in hardware rather than emulating them."""
-    if device == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
-    if device == "cpu":  # x86 probes; other CPUs answer False (fp32, the safe choice)
-        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-        return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
-    return False
 
 
 def training_device(accelerator: str) -> str:
