@@ -289,6 +289,8 @@ def one_batch(args: list[str], world: dict, tmp_path: Path) -> list[str]:
     cfg = compose_config([c.split(",")[0] for c in choices], tmp_path)
     given = {a.split("=", 1)[0] for a in args}
     data = [o for o in tiny_data_overrides(cfg, world["data"]) if o.split("=", 1)[0] not in given]
+    if "cache_dir" in cfg.data and "data.cache_dir" not in given:  # a corpus is tokenised once for all commands
+        data.append(f"data.cache_dir={world['root'] / 'token_cache'}")
     return [*args, *data, *extra, f"paths.data_dir={tmp_path / 'data'}"]
 
 

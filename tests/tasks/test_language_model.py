@@ -16,7 +16,7 @@ from zoo.data.text import TextDataModule
 from zoo.data.tokenizers import train_char_tokenizer
 from zoo.errors import CheckpointError
 from zoo.models.gpt import GPT, GPTConfig, SamplingConfig
-from zoo.tasks.language_model import LanguageModelTask, generate_text
+from zoo.tasks.language_model import FAST_DEV_RUN_SAMPLE_TOKENS, LanguageModelTask, generate_text
 from zoo.tasks.optim import param_groups
 from zoo.training.throughput import Throughput
 
@@ -95,6 +95,28 @@ def test_weight_decay_skips_biases_norms_and_embeddings(corpus: Path) -> None:
         is_matrix = name.endswith("weight") and param.ndim == 2 and not name.startswith(("wte", "wpe"))
         assert (id(param) in decayed) == is_matrix, name
     assert no_decay["weight_decay"] == 0.0
+
+
+@pytest.mark.parametrize("fast_dev_run", [True, False])
+def test_the_validation_sample_is_cut_short_only_under_fast_dev_run(
+    corpus: Path, tmp_path: Path, fast_dev_run: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked = []
+
+    def recording(model, tokenizer, prompt, sampling, generator=None):
+        asked.append(sampling.max_new_tokens)
+        return generate_text(model, tokenizer, prompt, sampling, generator)
+
+    monkeypatch.setattr("zoo.tasks.language_model.generate_text", recording)
+    data = TextDataModule(path=str(corpus), block_size=32, batch_size=8, eval_batches=1, eval_batch_size=8)
+    task = LanguageModelTask(net=dict(NET), sample={"prompt": "ROMEO:", "max_new_tokens": 40})
+    limits = {"fast_dev_run": True} if fast_dev_run else {"max_steps": 1, "val_check_interval": 1}
+    trainer = L.Trainer(**limits, limit_val_batches=1, check_val_every_n_epoch=None, logger=False,
+                        enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+                        default_root_dir=str(tmp_path), num_sanity_val_steps=0)  # fmt: skip
+    trainer.fit(task, datamodule=data)
+    assert asked == [FAST_DEV_RUN_SAMPLE_TOKENS if fast_dev_run else 40]
+    assert (tmp_path / "samples.txt").read_text().startswith("--- step 1 ---\nROMEO:")
 
 
 def test_max_steps_is_required(corpus: Path, tmp_path: Path) -> None:

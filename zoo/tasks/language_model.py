@@ -8,7 +8,7 @@ alone (what `python run.py model=gpt mode=generate ckpt_path=...` uses).
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,10 @@ from zoo.training.loggers import log_text_table
 
 # The text logged at each validation: a prompt, a seed of its own, and how to sample (SamplingConfig).
 SAMPLE_DEFAULTS = {"prompt": "\n", "seed": 0, **asdict(SamplingConfig())}
+# Under trainer.fast_dev_run (debug=fdr: one batch of each loop, to see that a setting is wired) the sample stops
+# after this many tokens: they run every piece of generation (prompt, cache, sampling), and the 200 of the default
+# were the larger part of a small model's debug run (kernels without a decode cache recompute the prefix per token).
+FAST_DEV_RUN_SAMPLE_TOKENS = 16
 
 
 class LanguageModelTask(ZooTask):
@@ -179,7 +183,10 @@ class LanguageModelTask(ZooTask):
         generator = torch.Generator(device=self.device).manual_seed(
             self.sample_config["seed"]
         )  # training RNG untouched
-        text = generate_text(self.net, self.tokenizer, prompt, self.sampling, generator=generator)
+        sampling = self.sampling
+        if self.trainer.fast_dev_run:
+            sampling = replace(sampling, max_new_tokens=min(sampling.max_new_tokens, FAST_DEV_RUN_SAMPLE_TOKENS))
+        text = generate_text(self.net, self.tokenizer, prompt, sampling, generator=generator)
         step = self.global_step
         print(f"\n--- sample at step {step} ---\n{text}\n---", flush=True)
         log_text_table(self, "val/samples", ["step", "prompt", "sample"], [[step, prompt, text]])
