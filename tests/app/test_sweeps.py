@@ -178,14 +178,14 @@ def test_grid_sweep_in_parallel_records_a_failing_job_and_prints_the_summary(tmp
 
 
 @pytest.mark.slow
-def test_optuna_search_of_three_trials_goes_on_after_a_failure_and_writes_results(tmp_outputs: Path) -> None:
+def test_optuna_search_of_three_trials_goes_on_after_a_failure_and_writes_results(tmp_outputs: Path, capsys) -> None:
     # dim 18 does not split into 4 heads: with the sampler's seed the second trial draws it and fails.
-    result = run_cli(
+    code, _, err = run_in_process(
         ["hparams_search=vit_optuna", "hydra.sweeper.n_trials=3",
          "hydra.sweeper.params={model.net.dim:'choice(16, 18)',model.net.depth:'choice(1)'}",
-         f"paths.log_dir={tmp_outputs}", *TINY_VIT]
+         f"paths.log_dir={tmp_outputs}", *TINY_VIT], capsys
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert code == 0, err[-3000:]
     (sweep_dir,) = (tmp_outputs / "vit" / "multirun").iterdir()
     results = OmegaConf.load(sweep_dir / "optimization_results.yaml")
     assert results.name == "optuna"
