@@ -181,6 +181,9 @@ def test_a_bad_shard_is_one_line_naming_it_or_skipped_and_counted(digit_shards: 
 
 # -- DDP: disjoint parts, the whole split once per epoch ------------------------------------------------------
 def read_as_rank(rank: int, world_size: int, shards: str, port: int, out: str, workers: int) -> None:
+    # A rank started by spawn would spawn its loader's workers too (each importing this module, every epoch);
+    # Lightning starts DDP ranks as new interpreters, whose workers fork, as here.
+    mp.set_start_method("fork", force=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     module = StreamingImagesDataModule(data_dir=shards, batch_size=8, num_workers=workers, drop_last=False)
