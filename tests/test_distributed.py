@@ -18,7 +18,7 @@ import torch
 from tests.helpers import compose_config, run_cli
 from zoo.app.launch import external_launch_overrides, launch_info
 from zoo.nn.blocks import TransformerBlock
-from zoo.training.distributed import fsdp_strategy, weights_digest
+from zoo.training.distributed import ddp_strategy, fsdp_strategy, weights_digest
 
 REPLICA_CHECK = "+callbacks.replica_check._target_=zoo.training.distributed.ReplicaCheck"
 TRAIN_ONLY = [
@@ -207,3 +207,12 @@ def test_two_gpus_keep_replicas_identical_and_test_the_checkpoint(trainer: str, 
     assert "test/acc" in json.loads((run_dir / "metrics.json").read_text())
     if trainer == "ddp":
         assert replica_check(run_dir)["replicas_identical"]
+
+
+def test_the_strategies_with_a_start_timeout_pickle_as_lightnings_do() -> None:
+    """start_method=spawn pickles the trainer and its strategy: a strategy class made per call would not pickle."""
+    import pickle
+
+    strategy = pickle.loads(pickle.dumps(ddp_strategy(start_method="spawn", start_timeout=30)))
+    assert strategy._timeout.total_seconds() == 30 and type(strategy).__name__ == "DDPStrategy"
+    assert pickle.loads(pickle.dumps(fsdp_strategy(start_timeout=30)))._timeout.total_seconds() == 30

@@ -25,38 +25,40 @@ from hydra.utils import get_class
 # shared file system) can take minutes, while a rank that hangs mid-training should end the run sooner. Lightning
 # hands one `timeout` to init_process_group, where it bounds both; here `start_timeout` bounds the rendezvous and
 # `timeout` every collective after it (torch.distributed.set_timeout once the process group is up).
-def with_start_timeout(strategy: type) -> type:
-    """A subclass of a Lightning strategy class (DDP, FSDP) that takes `start_timeout`: a timedelta or seconds
-    (None: as `timeout`)."""
+class StartTimeout:
+    """Mixed into a Lightning strategy class (DDP, FSDP): takes `start_timeout`, a timedelta or seconds (None: as
+    `timeout`). Module-level classes, not made per call, so a strategy pickles (start_method=spawn needs it)."""
 
-    class Strategy(strategy):
-        def __init__(self, *args: Any, start_timeout: timedelta | float | None = None, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.collective_timeout = self._timeout
-            if isinstance(start_timeout, (int, float)) and not isinstance(start_timeout, bool) and start_timeout > 0:
-                start_timeout = timedelta(seconds=start_timeout)
-            elif not (start_timeout is None or isinstance(start_timeout, timedelta)):
-                raise ValueError(
-                    f"trainer.strategy.start_timeout={start_timeout!r}: give seconds (a number > 0), e.g. "
-                    "trainer.strategy.start_timeout=600, or null (as trainer.strategy.timeout)"
-                )
-            if start_timeout is not None:
-                self._timeout = start_timeout  # what Lightning hands to init_process_group
+    def __init__(self, *args: Any, start_timeout: timedelta | float | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.collective_timeout = self._timeout
+        if isinstance(start_timeout, (int, float)) and not isinstance(start_timeout, bool) and start_timeout > 0:
+            start_timeout = timedelta(seconds=start_timeout)
+        elif not (start_timeout is None or isinstance(start_timeout, timedelta)):
+            raise ValueError(
+                f"trainer.strategy.start_timeout={start_timeout!r}: give seconds (a number > 0), e.g. "
+                "trainer.strategy.start_timeout=600, or null (as trainer.strategy.timeout)"
+            )
+        if start_timeout is not None:
+            self._timeout = start_timeout  # what Lightning hands to init_process_group
 
-        def setup_distributed(self) -> None:
-            super().setup_distributed()
-            if torch.distributed.is_initialized() and self.collective_timeout not in (None, self._timeout):
-                torch.distributed.set_timeout(self.collective_timeout)
-
-    Strategy.__name__ = Strategy.__qualname__ = strategy.__name__
-    return Strategy
+    def setup_distributed(self) -> None:
+        super().setup_distributed()
+        if torch.distributed.is_initialized() and self.collective_timeout not in (None, self._timeout):
+            torch.distributed.set_timeout(self.collective_timeout)
 
 
-def ddp_strategy(**kwargs: Any) -> L.pytorch.strategies.DDPStrategy:
+class DDPStrategy(StartTimeout, L.pytorch.strategies.DDPStrategy):
+    """Lightning's DDPStrategy with `start_timeout`."""
+
+
+class FSDPStrategy(StartTimeout, L.pytorch.strategies.FSDPStrategy):
+    """Lightning's FSDPStrategy with `start_timeout`."""
+
+
+def ddp_strategy(**kwargs: Any) -> DDPStrategy:
     """Lightning's DDPStrategy with `start_timeout` for joining the run apart from `timeout` for collectives."""
-    from lightning.pytorch.strategies import DDPStrategy
-
-    return with_start_timeout(DDPStrategy)(**kwargs)
+    return DDPStrategy(**kwargs)
 
 
 # -- FSDP -------------------------------------------------------------------------------------------
@@ -64,17 +66,13 @@ def fsdp_strategy(
     wrap: Sequence[str] = ("zoo.nn.blocks.TransformerBlock",),
     activation_checkpointing: Sequence[str] | None = None,
     **kwargs: Any,
-) -> L.pytorch.strategies.FSDPStrategy:
+) -> FSDPStrategy:
     """Lightning's FSDPStrategy with the wrap and activation-checkpointing policies named by class path
     (YAML can name classes, not hold them), and `start_timeout` as ddp_strategy's. Every TransformerBlock becomes
     its own FSDP unit."""
-    from lightning.pytorch.strategies import FSDPStrategy
-
     policy = {get_class(path) for path in wrap} if wrap else None
     checkpointing = {get_class(path) for path in activation_checkpointing} if activation_checkpointing else None
-    return with_start_timeout(FSDPStrategy)(
-        auto_wrap_policy=policy, activation_checkpointing_policy=checkpointing, **kwargs
-    )
+    return FSDPStrategy(auto_wrap_policy=policy, activation_checkpointing_policy=checkpointing, **kwargs)
 
 
 # -- a rank that died -------------------------------------------------------------------------------
