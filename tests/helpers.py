@@ -174,7 +174,12 @@ def tiny_data_overrides(cfg: DictConfig, data: dict[str, Path]) -> list[str]:
         "Multi30kDataModule": ("data_dir", data["multi30k"]),
         "ShakespeareDataModule": ("path", data["text"]),
     }
-    generated = {"ListOpsDataModule": {"num_train": 64, "num_val": 16, "num_test": 16}}  # a few at full length
+    generated = {
+        "ListOpsDataModule": {"num_train": 64, "num_val": 16, "num_test": 16},  # a few at full length
+        # Its 12,800 default pairs (num2words, a BPE trained on them, a beam search over a 4096-token test batch)
+        # were most of a translation debug run; tests/data/test_parallel_text.py checks the generator itself.
+        "NumbersDataModule": {"num_train": 64, "num_val": 8, "num_test": 8},
+    }
     overrides = []
     for prefix, node in (("data", cfg.data), ("data.images", cfg.data.get("images"))):
         if node is None or "_target_" not in node:
