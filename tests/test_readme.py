@@ -284,6 +284,7 @@ def one_batch(args: list[str], world: dict, tmp_path: Path) -> list[str]:
     extra = ["trainer.fast_dev_run=true", "print_config=false"]
     if sweep:
         extra.append(f"hydra.sweep.dir={tmp_path / 'sweep'}")
+        args = [first_two(a) for a in args]
         args = [a for a in args if not a.startswith("hydra.sweeper.n_trials=")] + ["hydra.sweeper.n_trials=2"] * (
             any(k.startswith("hparams_search") for k in values)
         )
@@ -296,6 +297,16 @@ def one_batch(args: list[str], world: dict, tmp_path: Path) -> list[str]:
     if "cache_dir" in cfg.data and "data.cache_dir" not in given:  # a corpus is tokenised once for all commands
         data.append(f"data.cache_dir={world['root'] / 'token_cache'}")
     return [*args, *data, *extra, f"paths.data_dir={tmp_path / 'data'}"]
+
+
+def first_two(arg: str) -> str:
+    """A grid sweep's `key=a,b,c,d` cut to its first two values: two jobs still sweep (and run in parallel under
+    joblib), as an Optuna search's one-batch form runs two trials. Values with brackets, braces, parentheses or
+    quotes (lists, dicts, sweeper functions) stay whole."""
+    key, sep, value = arg.partition("=")
+    if not sep or value.count(",") < 2 or any(c in value for c in "[]{}()'\""):
+        return arg
+    return f"{key}={','.join(value.split(',')[:2])}"
 
 
 def resumes(values: dict[str, str]) -> bool:
