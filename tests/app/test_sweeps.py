@@ -157,14 +157,15 @@ def test_each_pruner_config_builds_its_optuna_pruner(pruner: str, tmp_path: Path
 
 
 @pytest.mark.slow
-def test_grid_sweep_in_parallel_records_a_failing_job_and_prints_the_summary(tmp_outputs: Path) -> None:
-    # num_heads=3 does not divide dim=16: that job fails, the other one finishes, the sweep exits 1.
-    result = run_cli(
+def test_grid_sweep_in_parallel_records_a_failing_job_and_prints_the_summary(tmp_outputs: Path, capsys) -> None:
+    # num_heads=3 does not divide dim=16: that job fails, the other one finishes, the sweep exits 1. The sweep runs
+    # in this process (its jobs in joblib's worker processes, as from the command line).
+    code, out, err = run_in_process(
         ["-m", "model=vit", "model.net.dim=16", "model.net.depth=1", "model.net.num_heads=2,3",
-         "hydra/launcher=joblib", f"paths.log_dir={tmp_outputs}", *TINY_VIT]
+         "hydra/launcher=joblib", f"paths.log_dir={tmp_outputs}", *TINY_VIT], capsys
     )  # fmt: skip
-    assert result.returncode == 1, result.stderr[-3000:]
-    last = result.stderr.strip().splitlines()[-1]
+    assert code == 1, err[-3000:]
+    last = err.strip().splitlines()[-1]
     assert last.startswith("error: 1 of 2 jobs of the sweep failed (the others finished: "), last
     assert "summary.csv); job 1: " in last and "divisible by num_heads" in last
     (sweep_dir,) = (tmp_outputs / "vit" / "multirun").iterdir()
@@ -173,8 +174,8 @@ def test_grid_sweep_in_parallel_records_a_failing_job_and_prints_the_summary(tmp
     assert [(row["job"], row["status"]) for row in rows] == [("0", "completed"), ("1", "failed")]
     assert 0.0 <= float(rows[0]["value"]) <= 1.0 and rows[0]["metric"] == "val/acc"
     assert "divisible by num_heads" in rows[1]["error"]
-    assert "sweep: 2 jobs, 1 failed" in result.stdout
-    assert "model.net.num_heads=3" in result.stdout
+    assert "sweep: 2 jobs, 1 failed" in out
+    assert "model.net.num_heads=3" in out
 
 
 @pytest.mark.slow
@@ -259,7 +260,7 @@ def test_optuna_search_prunes_hopeless_trials_and_plots_the_study(tmp_outputs: P
 
 
 @pytest.mark.slow
-def test_a_killed_optuna_search_resumes_and_runs_no_finished_trial_again(tmp_outputs: Path) -> None:
+def test_a_killed_optuna_search_resumes_and_runs_no_finished_trial_again(tmp_outputs: Path, capsys) -> None:
     from optuna.trial import TrialState
 
     sweep_dir = tmp_outputs / "sweep"
@@ -284,13 +285,13 @@ def test_a_killed_optuna_search_resumes_and_runs_no_finished_trial_again(tmp_out
         states,
         (tmp_outputs / "first.log").read_text()[-3000:],
     )
-    second = run_cli(args)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "1 interrupted trial(s) run again" in second.stdout + second.stderr
+    code, out, err = run_in_process(args, capsys)  # the resume: in this process (the kill needed one of its own)
+    assert code == 0, err[-3000:]
+    assert "1 interrupted trial(s) run again" in out + err
     trials = load_study(sweep_dir, "vit").trials
     errors = {t.number: t.user_attrs.get("error") for t in trials if t.state != TrialState.COMPLETE}
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 4 and [t.number for t in trials] == [0, 1, 2, 3], errors
-    launched = re.findall(r"\t#(\d+) : ", second.stdout + second.stderr)
+    launched = re.findall(r"\t#(\d+) : ", out + err)
     assert launched == ["2", "3"]  # the interrupted trial and a new one; 0 and 1 did not run again
     assert {job: (sweep_dir / job / "job.json").stat().st_mtime_ns for job in ("0", "1")} == finished
     assert [row["status"] for row in read_summary(sweep_dir)] == ["completed"] * 4  # the table of the whole study
