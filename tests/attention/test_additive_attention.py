@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from zoo.attention import AdditiveAttention, MultiHeadAttention
+from zoo.attention.additive import additive_scores
+from zoo.attention.fast import additive as fast_additive
 
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 
@@ -128,3 +130,42 @@ def test_a_position_bias_adds_to_the_additive_scores_and_decodes() -> None:
 def test_additive_attention_declares_example_options_it_accepts() -> None:
     for options in AdditiveAttention.example_options:
         assert AdditiveAttention(**options).options().keys() >= options.keys()
+
+
+@pytest.mark.fast_path
+@pytest.mark.parametrize(("causal", "queries", "keys"), [(False, 6, 9), (True, 9, 9), (True, 4, 9)])
+def test_the_fast_path_equals_the_reference_across_block_edges(causal, queries, keys, monkeypatch) -> None:
+    """Blocks of 2 queries (fast.additive.BLOCK_ELEMENTS): scores where unmasked, and the gradients of q, k and w,
+    equal the reference path's in fp64; causal with fewer queries than keys (decoding: the last positions)."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, queries, 4, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 3, keys, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    kept = torch.ones(queries, keys, dtype=torch.bool).tril(keys - queries) if causal else torch.ones(queries, keys)
+    kept = kept.bool()
+    grad = torch.randn(2, 3, queries, keys, dtype=torch.float64) * kept  # the caller's mask zeroes the rest
+    monkeypatch.setattr(fast_additive, "BLOCK_ELEMENTS", 2 * keys * 4)
+    assert [block[1] - block[0] for block in fast_additive.query_blocks(queries, keys, 4, causal, None)][0] == 2
+    fast = fast_additive.additive_scores(q, k, w, causal)
+    reference = additive_scores(q, k, w)
+    torch.testing.assert_close(fast[..., kept], reference[..., kept], atol=1e-12, rtol=1e-12)
+    for first, end, end_key in fast_additive.query_blocks(queries, keys, 4, causal, None):
+        assert (fast[..., first:end, end_key:] == 0).all()  # keys after the block's last query: not computed
+    assert causal == bool((fast == 0).any())
+    got = torch.autograd.grad(fast, (q, k, w), grad)
+    want = torch.autograd.grad(reference, (q, k, w), grad)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.fast_path
+def test_the_fast_path_takes_chunk_size_as_its_query_block_and_cuts_causal_blocks_at_the_diagonal(monkeypatch) -> None:
+    seen = []
+    original = fast_additive.query_blocks
+    monkeypatch.setattr(fast_additive, "query_blocks", lambda *args: seen.append(original(*args)) or seen[-1])
+    module = MultiHeadAttention(8, 2, variant="additive", causal=True, chunk_size=3)
+    module(torch.randn(1, 7, 8)).sum().backward()
+    assert seen == [[(0, 3, 3), (3, 6, 6), (6, 7, 7)]]  # (first query, end query, end key)
+    seen.clear()
+    MultiHeadAttention(8, 2, variant="additive")(torch.randn(1, 7, 8))
+    assert seen == [[(0, 7, 7)]]  # bidirectional, no chunk_size: one block of every key

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from zoo.attention import MultiHeadAttention, fast
-from zoo.attention.fast import band, blocks, dropout, linear, sdpa
+from zoo.attention.fast import additive, band, blocks, dropout, linear, sdpa
 from zoo.nn import Dropout
 
 # Every entry point into the fast package that a kernel file calls, and the private aten ops the package uses.
 ENTRY_POINTS = [
+    (additive, "additive_scores"),
     (band, "chunked_band"),
     (blocks, "fused_union"),
     (blocks, "block_windows"),
@@ -42,6 +43,7 @@ def _exercise_every_kernel() -> None:
     for options in cases:
         MultiHeadAttention(32, 4, causal=True, **options)(x).sum().backward()
     MultiHeadAttention(32, 4, causal=True)(x[:, :20]).sum().backward()  # short: the composite formula
+    MultiHeadAttention(32, 4, causal=True, variant="additive")(x[:, :20]).sum().backward()
     wide = torch.randn(1, 300, 128, requires_grad=True)  # heads of 32: states of 32 x 32, the prefix-sum loop's
     MultiHeadAttention(128, 4, causal=True, variant="linear", chunk_size=8)(wide).sum().backward()
     with torch.no_grad():  # the segments' scratch tensors

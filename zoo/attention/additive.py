@@ -12,6 +12,10 @@ memory. It is computed for a block of `chunk_size` queries at a time, so the ext
 B * H * chunk_size * S * head_dim elements (default: the block that keeps this under 2^22 elements, 16 MiB in
 fp32); in training each block is recomputed in the backward (torch.utils.checkpoint), so what autograd keeps
 is the scores, B * H * T * S elements, as for dot-product attention's weights, not the O(T S d) tensor.
+
+On the CPU the fast path (zoo/attention/fast/additive.py, behind ZOO_FAST_KERNELS) computes the same scores with
+tanh through the logistic function and a closed-form backward, one (batch, head) row at a time, and skips the keys
+after a causal query block's last query.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from torch.utils.checkpoint import checkpoint
 
 from zoo.attention.cache import KVCache, new_tokens_padding
 from zoo.attention.contract import HeadLayout, Kernel, ScoreBias
+from zoo.attention.fast import additive as fast_additive
+from zoo.attention.fast import use_fast_kernels
 from zoo.attention.functional import causal_mask, evaluate_bias, repeat_kv
 from zoo.errors import check_positive_int
 
@@ -75,9 +81,13 @@ class AdditiveAttention(Kernel):
         batch, heads, _, dim = q.shape
         return max(1, BLOCK_ELEMENTS // max(1, batch * heads * k.shape[2] * dim))
 
-    def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """All scores (B, H, T, S), a block of queries at a time (recomputed in the backward when training)."""
+    def scores(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        """All scores (B, H, T, S), a block of queries at a time (recomputed in the backward when training).
+        causal: the caller masks the keys after each query, so their scores may be left unset (the fast path
+        leaves them 0)."""
         w = self.score_vectors.to(q.dtype)
+        if use_fast_kernels() and fast_additive.applies(q):
+            return fast_additive.additive_scores(q, k, w, causal, self.chunk_size)
         recompute = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or w.requires_grad)
         blocks = []
         for q_block in q.split(self._block(q, k), dim=2):
@@ -103,7 +113,7 @@ class AdditiveAttention(Kernel):
         with fewer queries than keys: the queries are the last positions (decoding)."""
         groups = q.shape[1] // k.shape[1]
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # the O(T S d) scores dwarf the copy of k and v
-        scores = self.scores(q, k)
+        scores = self.scores(q, k, causal)
         if bias is not None:  # the queries are the last positions of the keys (as full attention's)
             scores = scores + evaluate_bias(bias, q.shape[2], k.shape[2], q.device).to(scores.dtype)
         allowed = None
