@@ -121,6 +121,11 @@ LEDGER = "variant_study_runs"  # beside the results: every finished job's record
 # profiled for memory. A step's cost is set by the shapes (length, batch, width), not by how long training runs.
 COST_STEPS = 10
 COST = "cost.json"  # the ledger's record of the cost pass: {task: {row: record}}
+# Kernels made faster after some of their step timings were recorded: row -> (the date the change landed, the page
+# that measures it). A step time or memory cell of that row recorded before the date carries a footnote saying so;
+# the quality cells are unaffected (the same function). Measuring again on one host, for every row so that the
+# table compares: `--tasks cost` and `--tasks speed`.
+KERNEL_CHANGES = {"additive": ("2026-12-07 12:37", "experiments/results/additive_speed.md")}
 # n -> (vocabulary, padding id): the pixel task, LRA's ListOps, the learning ListOps column
 SPEED_SHAPES = {784: (256, None), 2000: (16, 0), 256: (16, 0)}
 # Kernels whose cost grows too fast to train or time at every length: the longest n they are run at. Additive
@@ -962,6 +967,15 @@ class Footnotes:
         return "\n".join(f"[{i}] {note}" for i, note in enumerate(self.notes, 1))
 
 
+def measured_before_change(row: str, result: dict, notes: Footnotes) -> str:
+    """The footnote mark of a timing recorded before its row's kernel got faster (KERNEL_CHANGES), else ""."""
+    changed, page = KERNEL_CHANGES.get(row, (None, None))
+    if changed is None or result.get("date", changed) >= changed:
+        return ""
+    return " " + notes.mark(f"measured before {row} attention's CPU fast path landed ({changed}); {page} measures "
+                            "the faster layer")  # fmt: skip
+
+
 def cell_text(cell: dict | None, digits: int, notes: Footnotes, mark: str = "") -> str:
     """median [95% interval] n=<seeds>/<seeds needed>, then the verdict's mark: **bold** for a clear winner,
     "≈ best" for the best and the rows tied with it where there is none."""
@@ -985,14 +999,15 @@ def cost_section(rows: list[Row], columns: list[Task], cost: dict) -> str:
 
     notes = Footnotes()
 
-    def text(result: dict | None) -> str:
+    def text(result: dict | None, row: str) -> str:
         if result is None:
             return "not measured"
         if result["status"] != "ok":
             return notes.mark(result["reason"])
-        return f"{fmt(result['step_ms'], 0)} ({fmt(result['peak_mib'], 1)})"
+        shown = f"{fmt(result['step_ms'], 0)} ({fmt(result['peak_mib'], 1)})"
+        return shown + measured_before_change(row, result, notes)
 
-    body = [[row.name, *(text(cost.get(task.key, {}).get(row.name)) for task in columns)] for row in rows]
+    body = [[row.name, *(text(cost.get(task.key, {}).get(row.name), row.name) for task in columns)] for row in rows]
     records = [r for by_row in cost.values() for r in by_row.values() if r["status"] == "ok"]
     measured = (
         f" Measured {min(r['date'] for r in records)} to {max(r['date'] for r in records)} on "
@@ -1305,7 +1320,7 @@ def markdown(
                 line.append("not run")
             elif result["status"] == "ok":
                 memory = f" ({result['peak_mib']:.0f})" if result.get("peak_mib") is not None else " (not measured)"
-                line.append(f"{result['value']:.0f}{memory}")
+                line.append(f"{result['value']:.0f}{memory}{measured_before_change(row.name, result, notes)}")
             else:
                 line.append(notes.mark(result["reason"]))
         body.append([*line, lra_anchor(row.name)])

@@ -367,6 +367,24 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
     assert "[variant_study.md](variant_study.md)" in section and "**full** (0.960" in section
 
 
+def test_a_timing_recorded_before_its_kernel_got_faster_is_footnoted(monkeypatch) -> None:
+    monkeypatch.setattr(variant_study, "KERNEL_CHANGES", {"additive": ("2026-12-07 12:00", "results/x.md")})
+    rows = [variant_study.Row(name, (), {"variant": name}, "test") for name in ("full", "additive")]
+    columns = [variant_study.Task("vit_digits", "ViT", "test/acc", True, ())]
+
+    def cost(full: str, additive: str) -> dict:
+        stamp = {"status": "ok", "peak_mib": 1.0, "machine": "m", "threads": 1}
+        return {"vit_digits": {"full": {**stamp, "step_ms": 30.0, "date": full},
+                               "additive": {**stamp, "step_ms": 80.0, "date": additive}}}  # fmt: skip
+
+    before = variant_study.cost_section(rows, columns, cost("2026-12-06 22:00", "2026-12-06 22:00"))
+    assert "| full | 30 (1.0) |" in before  # another row's kernel did not change
+    assert "| additive | 80 (1.0) [1] |" in before
+    assert "[1] measured before additive attention's CPU fast path landed (2026-12-07 12:00); results/x.md" in before
+    after = variant_study.cost_section(rows, columns, cost("2026-12-06 22:00", "2026-12-07 13:00"))
+    assert "| additive | 80 (1.0) |" in after and "[1]" not in after
+
+
 def test_every_job_of_every_row_is_a_command_line_hydra_parses(tmp_path: Path) -> None:
     """A row named after an option's value (full+kv_heads=1) once gave a job folder that broke hydra.run.dir."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
