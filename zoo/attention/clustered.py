@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from zoo.attention.contract import ScoreBias
 from zoo.attention.fast import clustered as fast_clustered
 from zoo.attention.fast import use_fast_kernels
+from zoo.attention.functional import fill_rows_
 
 
 def cluster_slots(clusters: torch.Tensor, num_clusters: int, chunk: int) -> tuple[torch.Tensor, int, int]:
@@ -176,7 +177,7 @@ def chunk_mask(chunks: Chunks, *, causal: bool, bias: ScoreBias | None = None) -
         mask = mask.clone()
     if chunks.self_blocked is not None:
         mask[..., chunk:].diagonal(dim1=-2, dim2=-1).masked_fill_(chunks.self_blocked, float("-inf"))
-    mask.masked_fill_(~chunks.has_key[..., None], 0.0)
+    fill_rows_(mask, ~chunks.has_key, 0.0)  # the rows without a key
     if bias is not None:
         query_positions = chunks.token_at.view(rows, -1, chunk)
         key_positions = torch.cat([torch.full_like(query_positions[:, :1], -1), query_positions[:, :-1]], dim=1)

@@ -32,6 +32,13 @@ def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return additive_mask(mask, dtype) if mask.dtype == torch.bool else mask
 
 
+def fill_rows_(x: torch.Tensor, rows: torch.Tensor, value: float) -> torch.Tensor:
+    """x[rows] = value in place, for x (*R, W) and a boolean rows (*R): only the chosen rows are written (indexing
+    with a boolean mask becomes a masked_fill_, a pass over all of x)."""
+    x.view(-1, x.shape[-1]).index_fill_(0, rows.flatten().nonzero().squeeze(1), value)
+    return x
+
+
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     """(B, G, S, D) -> (B, G * groups, S, D): key/value head g serves query heads g * groups ... (g + 1) *
     groups - 1, as Llama's repeat_kv (grouped-query attention, Ainslie et al. 2023)."""

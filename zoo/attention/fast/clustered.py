@@ -23,6 +23,7 @@ from functools import partial
 import torch
 
 from zoo.attention.fast.blocks import fused_kernel_applies, fused_union, merge_into
+from zoo.attention.functional import fill_rows_
 
 
 def applies(inputs: tuple[torch.Tensor, ...], dropout_p: float) -> bool:
@@ -108,9 +109,9 @@ def joint_rounds(rounds: list, masks: list[torch.Tensor], to_tokens) -> torch.Te
     # A row that is an empty slot or sees no key: all -inf. The backward lays every token-order tensor out by slot
     # (an empty slot reads token 0), so such a row must reach no key; the reference path never uses it.
     live = [chunks.has_key & (chunks.token_at >= 0).view_as(chunks.has_key) for chunks in rounds]
-    kernel_masks = [
-        mask.masked_fill(~rows[..., None], float("-inf")).flatten(0, 1)[:, None] for rows, mask in zip(live, masks)
-    ]
+    for rows, mask in zip(live, masks):  # in place: the caller made these masks for this call
+        fill_rows_(mask, ~rows, float("-inf"))
+    kernel_masks = [mask.flatten(0, 1)[:, None] for mask in masks]
     has_keys = [rows.flatten(0, 1)[:, None] for rows in live]  # (N * M, 1, C), as the kernel's lse
     tensors = [[getattr(chunks, name)[:, None] for chunks in rounds] for name in ("queries", "keys", "values")]
     merge = partial(_merge_rounds, to_tokens)
