@@ -380,7 +380,7 @@ def test_a_timing_recorded_before_its_kernel_got_faster_is_footnoted(monkeypatch
     before = variant_study.cost_section(rows, columns, cost("2026-12-06 22:00", "2026-12-06 22:00"))
     assert "| full | 30 (1.0) |" in before  # another row's kernel did not change
     assert "| additive | 80 (1.0) [1] |" in before
-    assert "[1] measured before additive attention's CPU fast path landed (2026-12-07 12:00); results/x.md" in before
+    assert "[1] measured before a faster additive kernel landed (2026-12-07 12:00); results/x.md measures it" in before
     after = variant_study.cost_section(rows, columns, cost("2026-12-06 22:00", "2026-12-07 13:00"))
     assert "| additive | 80 (1.0) |" in after and "[1]" not in after
 
