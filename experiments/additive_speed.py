@@ -1,7 +1,7 @@
 """Additive (Bahdanau) attention on the CPU: the reference path against the fast path, side by side.
 
     python experiments/additive_speed.py            # the variant study's shapes; writes results/additive_speed.md
-    python experiments/additive_speed.py --quick    # tiny shapes, one round (a smoke run)
+    python experiments/additive_speed.py --quick    # small shapes, one round (a smoke run)
 
 Each shape is one attention layer (zoo.attention.MultiHeadAttention, variant=additive: projections, scores,
 softmax, values) at the batch, length, heads and width of a variant-study column that runs additive attention.
@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments.reproduce import cpu_name  # noqa: E402
 from zoo.attention import MultiHeadAttention  # noqa: E402
+from zoo.attention.fast import additive as fast_additive  # noqa: E402
 from zoo.attention.fast import set_fast_kernels, use_fast_kernels  # noqa: E402
 
 PAGE = Path(__file__).resolve().parent / "results" / "additive_speed.md"
@@ -40,13 +41,13 @@ SHAPES = [
     ("MQAR 64 tokens, width 64 (mqar)", 64, 64, 64, 1, True),
     ("MQAR 64 tokens, width 128 (mqar)", 64, 64, 128, 1, True),
 ]
-QUICK_SHAPES = [("tiny causal", 2, 16, 16, 2, True), ("tiny bidirectional", 2, 12, 16, 2, False)]
+QUICK_SHAPES = [("small causal", 2, 64, 32, 2, True), ("small bidirectional", 2, 48, 32, 2, False)]
 PATHS = ("reference", "fast")
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny shapes, one round")
+    parser.add_argument("--quick", action="store_true", help="small shapes, one round")
     parser.add_argument("--rounds", type=int, default=5, help="timed steps per path, taken in turns")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the record here")
@@ -80,6 +81,8 @@ def measure(shape: tuple, rounds: int) -> dict:
     x = torch.randn(batch, length, width, requires_grad=True)
     grad = torch.randn(batch, length, width)
     record = {"column": name, "batch": batch, "length": length, "width": width, "heads": heads, "causal": causal}
+    head = torch.empty(batch, heads, length, width // heads)
+    record["fast_path_applies"] = fast_additive.applies(head, head)  # rows large enough (MIN_ROW_ELEMENTS)
     for mode, step in (("train", train_step), ("inference", inference_step)):
         times: dict[str, list[float]] = {path: [] for path in PATHS}
         results = {path: timed(path, step, module, x, grad)[1] for path in PATHS}  # warm-up, and the comparison

@@ -13,6 +13,12 @@ from zoo.attention.fast import additive as fast_additive
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 
+@pytest.fixture(autouse=True)
+def fast_path_at_every_size(monkeypatch) -> None:
+    """The tests' tiny rows take the fast path too when the switch is on (it starts at MIN_ROW_ELEMENTS)."""
+    monkeypatch.setattr(fast_additive, "MIN_ROW_ELEMENTS", 0)
+
+
 def reference(module: MultiHeadAttention, x, context, key_padding_mask, causal: bool):
     """e_ij = w_h^T tanh(W_h x_i + U_h c_j) per head, masked softmax over keys, values, out_proj: every index
     written out, no code of the kernel used."""
@@ -169,3 +175,15 @@ def test_the_fast_path_takes_chunk_size_as_its_query_block_and_cuts_causal_block
     seen.clear()
     MultiHeadAttention(8, 2, variant="additive")(torch.randn(1, 7, 8))
     assert seen == [[(0, 7, 7)]]  # bidirectional, no chunk_size: one block of every key
+
+
+@pytest.mark.fast_path
+def test_rows_smaller_than_min_row_elements_take_the_reference_path(monkeypatch) -> None:
+    monkeypatch.setattr(fast_additive, "MIN_ROW_ELEMENTS", 7 * 7 * 4)  # one row: 7 queries x 7 keys x head_dim 4
+    calls = []
+    original = fast_additive.additive_scores
+    monkeypatch.setattr(fast_additive, "additive_scores", lambda *args: calls.append(args[0].shape) or original(*args))
+    module = MultiHeadAttention(8, 2, variant="additive")
+    module(torch.randn(1, 7, 8))
+    module(torch.randn(1, 6, 8))
+    assert calls == [(1, 2, 7, 4)]

@@ -43,7 +43,7 @@ def _exercise_every_kernel() -> None:
     for options in cases:
         MultiHeadAttention(32, 4, causal=True, **options)(x).sum().backward()
     MultiHeadAttention(32, 4, causal=True)(x[:, :20]).sum().backward()  # short: the composite formula
-    MultiHeadAttention(32, 4, causal=True, variant="additive")(x[:, :20]).sum().backward()
+    MultiHeadAttention(32, 4, causal=True, variant="additive")(x[:, :64]).sum().backward()  # rows of 64 x 64 x 8
     wide = torch.randn(1, 300, 128, requires_grad=True)  # heads of 32: states of 32 x 32, the prefix-sum loop's
     MultiHeadAttention(128, 4, causal=True, variant="linear", chunk_size=8)(wide).sum().backward()
     with torch.no_grad():  # the segments' scratch tensors

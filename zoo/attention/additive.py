@@ -86,7 +86,7 @@ class AdditiveAttention(Kernel):
         causal: the caller masks the keys after each query, so their scores may be left unset (the fast path
         leaves them 0)."""
         w = self.score_vectors.to(q.dtype)
-        if use_fast_kernels() and fast_additive.applies(q):
+        if use_fast_kernels() and fast_additive.applies(q, k):
             return fast_additive.additive_scores(q, k, w, causal, self.chunk_size)
         recompute = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or w.requires_grad)
         blocks = []

@@ -31,9 +31,20 @@ import torch
 BLOCK_ELEMENTS = 1 << 18
 
 
-def applies(q: torch.Tensor) -> bool:
-    """The fast path: CPU tensors in fp32 or fp64 (bf16/fp16 keep the reference's arithmetic)."""
-    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+# Fewer (queries x keys x head_dim) values per (batch, head) row than this take the reference path: the loop over
+# rows costs some operator calls per row, more than the reference's few batched calls save on small rows (one
+# decoding step, a short prompt); the study's training shapes have 2^17 and more.
+MIN_ROW_ELEMENTS = 1 << 14
+
+
+def applies(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """The fast path: CPU tensors in fp32 or fp64 (bf16/fp16 keep the reference's arithmetic), rows of at least
+    MIN_ROW_ELEMENTS values."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.float64)
+        and q.shape[2] * k.shape[2] * q.shape[3] >= MIN_ROW_ELEMENTS
+    )
 
 
 def additive_scores(
