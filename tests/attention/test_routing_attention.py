@@ -13,6 +13,7 @@ import torch
 from zoo.attention import HeadLayout, MultiHeadAttention, TokenLayout
 from zoo.attention.biases import build_position_bias
 from zoo.attention.clustered import cluster_slots
+from zoo.attention.functional import fill_rows_
 from zoo.attention.routing import RoutingAttention
 
 from .helpers import random_padding, reference_softmax_attention
@@ -185,3 +186,17 @@ def test_clustered_attention_in_inference_equals_the_masked_formula(causal, no_s
         expected, _, expected_lse = dense_clustered_attention(q, k, v, clusters, 5, chunk, **options)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse, expected_lse, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.no_fast_path
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+)
+def test_fill_rows_writes_the_chosen_rows_and_no_other(device: str) -> None:
+    """The chunk masks' empty rows (functional.fill_rows_): the CPU writes at the rows' indices, a GPU masks."""
+    x = torch.arange(2 * 3 * 4, dtype=torch.float32, device=device).view(2, 3, 4)
+    rows = torch.tensor([[True, False, False], [False, False, True]], device=device)
+    expected = x.clone()
+    expected[rows] = -1.0
+    assert fill_rows_(x, rows, -1.0) is x
+    torch.testing.assert_close(x, expected, atol=0, rtol=0)

@@ -33,8 +33,11 @@ def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def fill_rows_(x: torch.Tensor, rows: torch.Tensor, value: float) -> torch.Tensor:
-    """x[rows] = value in place, for x (*R, W) and a boolean rows (*R): only the chosen rows are written (indexing
-    with a boolean mask becomes a masked_fill_, a pass over all of x)."""
+    """x[rows] = value in place, for x (*R, W) and a boolean rows (*R). On the CPU only the chosen rows are written
+    (index_fill_ at their indices; a boolean index becomes a masked_fill_, a pass over all of x); elsewhere
+    masked_fill_, as the indices would cost a device sync."""
+    if x.device.type != "cpu":
+        return x.masked_fill_(rows[..., None], value)
     x.view(-1, x.shape[-1]).index_fill_(0, rows.flatten().nonzero().squeeze(1), value)
     return x
 

@@ -1,5 +1,6 @@
 """Additive attention's scores on the CPU (`_AdditiveScores`): tanh through the logistic function, one (batch,
-head) row and a cache-sized block of queries at a time, the backward in closed form, causal rows cut at the diagonal.
+head) row and a cache-sized block of queries at a time, the backward in closed form, causal blocks without the keys
+after their last query.
 
 The fast path of zoo/attention/additive.py, whose reference forms tanh(q_i + k_j) for a block of queries with
 torch.tanh and lets autograd differentiate it (recomputed under torch.utils.checkpoint); both are checked against
@@ -79,8 +80,8 @@ class _AdditiveScores(torch.autograd.Function):
         for n in range(rows):
             for t0, t1, s1 in blocks:
                 s = torch.add(q2[n, t0:t1, None, :], k2[n, None, :s1, :]).sigmoid_()  # (t, s1, D)
-                block = torch.mv(s.view(-1, dim), w_rows[n]).view(t1 - t0, s1)
-                scores[n, t0:t1, :s1] = block.mul_(2.0).sub_(w_sums[n])
+                part = torch.mv(s.view(-1, dim), w_rows[n]).view(t1 - t0, s1)
+                scores[n, t0:t1, :s1] = part.mul_(2.0).sub_(w_sums[n])
         ctx.save_for_backward(q2, k2, w_rows)
         ctx.shape = (batch, heads, length, keys, dim)
         return scores.view(batch, heads, length, keys)
