@@ -18,8 +18,8 @@ What makes it faster, with the same (T, S, head_dim) work:
 - Causal with as many queries as keys or fewer (the queries are the last positions): a query block needs only
   the keys up to its last query; the scores after it are left 0, for the caller's mask.
 
-The sigmoid form rounds differently from torch.tanh (by a few units in the last place of fp32, at most about 2e-7
-in absolute value). Re-measure with `experiments/additive_speed.py` (figures in experiments/results/additive_speed.md).
+The sigmoid form rounds differently from torch.tanh (by a few units in the last place of fp32; its largest error is
+measured on experiments/results/additive_speed.md). Re-measure with `experiments/additive_speed.py`.
 """
 
 from __future__ import annotations
