@@ -10,6 +10,10 @@ paths, ZOO_FAST_KERNELS off (torch.tanh under torch.utils.checkpoint, autograd's
 (zoo/attention/fast/additive.py), take turns for --rounds rounds on the same inputs; the median per path is
 reported, with the largest difference between the paths' outputs and gradients (fp32, relative to each
 tensor's largest entry).
+
+A second table times one decoding step's scores (one query against a cache of S keys) through each path, the fast
+one forced below its threshold, at row sizes either side of fast/additive.py's MIN_ROW_ELEMENTS: the measurement
+that places it.
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ SHAPES = [
     ("MQAR 64 tokens, width 128 (mqar)", 64, 64, 128, 1, True),
 ]
 QUICK_SHAPES = [("small causal", 2, 64, 32, 2, True), ("small bidirectional", 2, 48, 32, 2, False)]
+# One decoding step of the GPT column's attention (batch 1, 4 heads of 32): cache lengths whose rows (1 query x S
+# keys x 32) lie either side of MIN_ROW_ELEMENTS (2^14 values: S = 512).
+DECODE_KEYS = [32, 128, 512, 2048, 8192]
+QUICK_DECODE_KEYS = [32, 2048]
+DECODE_HEADS, DECODE_DIM, DECODE_CALLS = 4, 32, 50
 PATHS = ("reference", "fast")
 
 
@@ -98,6 +107,40 @@ def measure(shape: tuple, rounds: int) -> dict:
     return record
 
 
+def decode_step(keys: int, rounds: int) -> dict:
+    """One decoding step's scores (batch 1, DECODE_HEADS heads, 1 query, `keys` keys), no gradient: the median over
+    `rounds` of DECODE_CALLS calls per path, in microseconds a call; the fast path is forced (MIN_ROW_ELEMENTS 0)."""
+    torch.manual_seed(0)
+    module = MultiHeadAttention(DECODE_HEADS * DECODE_DIM, DECODE_HEADS, variant="additive")
+    q = torch.randn(1, DECODE_HEADS, 1, DECODE_DIM)
+    k = torch.randn(1, DECODE_HEADS, keys, DECODE_DIM)
+    threshold = fast_additive.MIN_ROW_ELEMENTS
+    times: dict[str, list[float]] = {path: [] for path in PATHS}
+
+    def calls(path: str) -> float:
+        set_fast_kernels(path == "fast")
+        start = time.perf_counter()
+        with torch.no_grad():
+            for _ in range(DECODE_CALLS):
+                module.kernel.scores(q, k)
+        return (time.perf_counter() - start) / DECODE_CALLS
+
+    fast_additive.MIN_ROW_ELEMENTS = 0
+    try:
+        for round_index in range(rounds + 1):  # the first round warms up
+            for path in PATHS if round_index % 2 == 0 else PATHS[::-1]:
+                elapsed = calls(path)
+                if round_index:
+                    times[path].append(elapsed)
+    finally:
+        fast_additive.MIN_ROW_ELEMENTS = threshold
+    record = {"keys": keys, "row_elements": keys * DECODE_DIM, "fast_path_applies": keys * DECODE_DIM >= threshold}
+    for path in PATHS:
+        record[f"{path}_us"] = 1e6 * statistics.median(times[path])
+    record["speedup"] = record["reference_us"] / record["fast_us"]
+    return record
+
+
 def tanh_errors() -> dict[str, float]:
     """The largest absolute error in fp32, against fp64's tanh on [-20, 20], of torch.tanh and of the fast path's
     2 sigmoid(2u) - 1."""
@@ -135,6 +178,23 @@ def markdown(record: dict) -> str:
             f"{row['inference_speedup']:.2f}x | {difference:.1e} |"
         )
     errors = "; ".join(f"{name} {error:.1e}" for name, error in record["tanh_errors"].items())
+    lines += [
+        "",
+        f"One decoding step's scores (`kernel.scores`, no gradient): batch 1, {DECODE_HEADS} heads of {DECODE_DIM}, "
+        f"one query against S cached keys; median of {record['rounds']} rounds of {DECODE_CALLS} calls, microseconds "
+        "a call; the fast path forced below its threshold. A row holds 1 x S x "
+        f"{DECODE_DIM} values; rows under MIN_ROW_ELEMENTS = {record['min_row_elements']} take the reference path "
+        "(last column).",
+        "",
+        "| S keys | row values | reference | fast | speed-up | path taken |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in record["decode"]:
+        taken = "fast" if row["fast_path_applies"] else "reference"
+        lines.append(
+            f"| {row['keys']} | {row['row_elements']} | {row['reference_us']:.0f} | {row['fast_us']:.0f} | "
+            f"{row['speedup']:.2f}x | {taken} |"
+        )
     lines += ["", f"tanh in fp32, largest absolute error against fp64 on [-20, 20]: {errors}."]
     return "\n".join(lines) + "\n"
 
@@ -149,6 +209,8 @@ def main() -> None:
         for shape in QUICK_SHAPES if args.quick else SHAPES:
             rows.append(measure(shape, rounds))
             print(json.dumps(rows[-1]), flush=True)
+        decode = [decode_step(keys, rounds) for keys in (QUICK_DECODE_KEYS if args.quick else DECODE_KEYS)]
+        print(json.dumps(decode), flush=True)
     finally:
         set_fast_kernels(before)
     record = {
@@ -160,6 +222,8 @@ def main() -> None:
         "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
         "rounds": rounds,
         "rows": rows,
+        "decode": decode,
+        "min_row_elements": fast_additive.MIN_ROW_ELEMENTS,
         "tanh_errors": tanh_errors(),
     }
     page = args.page or (None if args.quick else PAGE)

@@ -34,7 +34,8 @@ BLOCK_ELEMENTS = 1 << 18
 
 # Fewer (queries x keys x head_dim) values per (batch, head) row than this take the reference path: the loop over
 # rows costs some operator calls per row, more than the reference's few batched calls save on small rows (one
-# decoding step, a short prompt); the study's training shapes have 2^17 and more.
+# decoding step, a short prompt); the study's training shapes have 2^17 and more. experiments/additive_speed.py's
+# decoding table times both paths either side of it.
 MIN_ROW_ELEMENTS = 1 << 14
 
 
