@@ -1374,7 +1374,9 @@ def markdown(
         "median over the seeds, 2000 resamples; with 3-5 seeds it is close to their range: it is what they can "
         "say), then n=<seeds run>/<seeds needed> (5 for a job under 2 minutes, else 3; `--seeds` caps it"
         + (f"; this run: {args.seeds}" if args.seeds else "")
-        + f"). {short} cell(s) have fewer seeds than needed: read them as provisional. Seed n is the same for every "
+        + (f"). {short} cell(s) have fewer seeds than needed: read them as provisional." if short
+           else "). Every cell with a number has the seeds it needs.")
+        + " Seed n is the same for every "
         "row (data order and initial weights, where the shapes allow). A column names a winner (**bold**) only "
         "when its interval excludes every other row's median; otherwise the best median and the rows whose "
         "intervals overlap it are marked ≈ best (and with fewer than 3 seeds the best has no interval: every row "
