@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import helpers
+from tests.tiers import E2E, end_to_end_reason
+
 # What runs write to the user's cache (the throughput callback's CPU matmul probe, zoo/training/throughput.py) goes
 # to a folder of this test session, removed at its end: the tests leave nothing in ~/.cache and read no figure an
 # earlier session measured. Runs started as subprocesses inherit it.
@@ -39,11 +42,48 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(threads)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--e2e", action="store_true",
+        help="run the end-to-end tier (runs of run.py, process groups, the experiments' one-batch forms) instead "
+        "of the fast tier; tests/tiers.py decides which tier a test is in",
+    )  # fmt: skip
+
+
+def tier_reason(item: pytest.Item, cache: dict) -> str | None:
+    """Why `item` is end-to-end (tests/tiers.py), from its test function and the tests package's fixtures it
+    uses; None for the fast tier. Parametrized items of one function share the answer."""
+    function = getattr(item, "function", None)
+    if function is None:
+        return None
+    fixtures = tuple(
+        definitions[-1].func
+        for definitions in item._fixtureinfo.name2fixturedefs.values()
+        if definitions and (definitions[-1].func.__module__ or "").startswith("tests")
+    )
+    key = (function, fixtures)
+    if key not in cache:
+        cache[key] = end_to_end_reason((function, *fixtures))
+    return cache[key]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The files with the most end-to-end (`slow`) tests first, in-file order kept: pytest-xdist hands out whole
-    files (--dist loadfile, pyproject.toml), so the long ones start at once and the short ones fill the gaps at
-    the end instead of one long file running alone last."""
-    weight = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    """Keep the tier asked for (`--e2e`: the end-to-end tier, else the fast one), marking each end-to-end test
+    `e2e` with its reason; then the files with the most end-to-end tests first, in-file order kept: pytest-xdist
+    hands out whole files (--dist loadfile, pyproject.toml), so the long ones start at once and the short ones
+    fill the gaps at the end instead of one long file running alone last."""
+    cache: dict = {}
+    keep, drop = [], []
+    for item in items:
+        reason = tier_reason(item, cache)
+        if reason is not None:
+            item.add_marker(pytest.mark.e2e(reason))
+        (keep if (reason is not None) == config.getoption("--e2e") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+    helpers.END_TO_END_ALLOWED = config.getoption("--e2e")
+    weight = Counter(item.path for item in items if item.get_closest_marker(E2E))
     items.sort(key=lambda item: -weight[item.path])
 
 

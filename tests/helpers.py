@@ -19,6 +19,14 @@ from tests.variants import settings_cases, supports
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+# Set by tests/conftest.py: whether this session runs the end-to-end tier. In the fast tier the helpers below
+# refuse to start a run, so a test that tests/tiers.py failed to see as end-to-end fails loudly.
+END_TO_END_ALLOWED = True
+
+
+def end_to_end(helper: str) -> None:
+    if not END_TO_END_ALLOWED:
+        raise AssertionError(f"{helper} in the fast tier: tests/tiers.py did not see this test as end-to-end")
 
 
 def compose_config(overrides: list[str], output_dir: Path | None = None) -> DictConfig:
@@ -40,6 +48,7 @@ def run_cli(
     args: list[str], cwd: Path = ROOT, timeout: float = 600, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     """Run `python run.py <args>` in a subprocess; returns the completed process (text output)."""
+    end_to_end("run_cli")
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", **(env or {})}
     return subprocess.run(
         [sys.executable, str(ROOT / "run.py"), *args],
@@ -53,6 +62,7 @@ def run_cli(
 
 def run_benchmark(script: str, args: list[str], out: Path, timeout: float = 300) -> dict:
     """Run `python experiments/<script> <args> --json <out>` and return the JSON record it wrote."""
+    end_to_end("run_benchmark")
     result = subprocess.run(
         [sys.executable, str(ROOT / "experiments" / script), *args, "--json", str(out)],
         capture_output=True, text=True, timeout=timeout, cwd=ROOT,
@@ -63,6 +73,7 @@ def run_benchmark(script: str, args: list[str], out: Path, timeout: float = 300)
 
 def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
     """Start `python run.py <args>` in the background (text pipes for its output)."""
+    end_to_end("start")
     return subprocess.Popen(
         [sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
@@ -79,6 +90,7 @@ def run_in_process(args: list[str], capsys=None) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of `python run.py <args>`, run in this process: run.py executed as
     __main__ with runpy, the command line's own code path without a new interpreter per run. Without
     pytest's capsys (e.g. in a module fixture) the output is captured here."""
+    end_to_end("run_in_process")
     import contextlib
     import io
     import runpy

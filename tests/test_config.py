@@ -100,7 +100,6 @@ def test_attention_group_reaches_the_model(tmp_path: Path) -> None:
     assert cfg.model.net.attention.rope is True
 
 
-@pytest.mark.slow
 def test_vit_fast_dev_run_writes_outputs(tmp_outputs: Path, capsys) -> None:
     code, out, err = run_in_process(["model=vit", "trainer.fast_dev_run=true", f"paths.log_dir={tmp_outputs}"], capsys)
     assert code == 0, err[-3000:]

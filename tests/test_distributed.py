@@ -124,7 +124,6 @@ def vit_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"ddp": ddp, "ddp_dir": only_run_dir(root / "ddp", "vit"), "one_dir": only_run_dir(root / "one", "vit")}
 
 
-@pytest.mark.slow
 def test_ddp_vit_makes_one_run_directory_written_and_printed_by_rank_zero(vit_runs: dict) -> None:
     run_dir = vit_runs["ddp_dir"]
     assert (run_dir / ".hydra" / "config.yaml").is_file()
@@ -133,7 +132,6 @@ def test_ddp_vit_makes_one_run_directory_written_and_printed_by_rank_zero(vit_ru
     assert printed.count("config") == 1, "the config tree must be printed by rank 0 only"
 
 
-@pytest.mark.slow
 def test_ddp_vit_replicas_end_identical_and_match_one_process_on_the_global_batch(vit_runs: dict) -> None:
     ddp, one = replica_check(vit_runs["ddp_dir"]), replica_check(vit_runs["one_dir"])
     assert ddp["world_size"] == 2 and one["world_size"] == 1
@@ -166,7 +164,6 @@ def gpt_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"sweep_dir": sweep_dir, "one_dir": only_run_dir(root / "one", "gpt")}
 
 
-@pytest.mark.slow
 def test_ddp_jobs_of_a_sweep_each_train_in_their_own_directory_with_identical_replicas(gpt_runs: dict) -> None:
     sweep_dir = gpt_runs["sweep_dir"]
     for job in ("0", "1"):
@@ -177,14 +174,12 @@ def test_ddp_jobs_of_a_sweep_each_train_in_their_own_directory_with_identical_re
     assert summary.count("completed") == 2
 
 
-@pytest.mark.slow
 def test_ddp_gpt_matches_one_process_on_the_global_batch(gpt_runs: dict) -> None:
     ddp, one = replica_check(gpt_runs["sweep_dir"] / "0"), replica_check(gpt_runs["one_dir"])
     assert max(abs(a - b) for a, b in zip(ddp["losses"], one["losses"])) < 1e-5
 
 
 # -- GPUs (skipped without them) ------------------------------------------------------------------------
-@pytest.mark.slow
 @requires_gpu
 @pytest.mark.parametrize("overrides", [["trainer=gpu"], ["trainer=gpu", "model.compile=true"]], ids=["bf16", "compile"])
 def test_one_gpu_trains_in_bf16(overrides: list[str], tmp_outputs: Path) -> None:
@@ -195,7 +190,6 @@ def test_one_gpu_trains_in_bf16(overrides: list[str], tmp_outputs: Path) -> None
     assert metrics["val/loss"] < 5.0
 
 
-@pytest.mark.slow
 @requires_two_gpus
 @pytest.mark.parametrize("trainer", ["ddp", "fsdp"])
 def test_two_gpus_keep_replicas_identical_and_test_the_checkpoint(trainer: str, tmp_outputs: Path) -> None:

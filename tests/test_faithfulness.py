@@ -71,7 +71,6 @@ def test_short_training_builds_the_fashion_recipes_network_and_keeps_its_weights
         network("clip_full", [], str(fashion))
 
 
-@pytest.mark.slow
 def test_the_quick_run_measures_every_method_on_every_model_and_plots(tmp_path: Path) -> None:
     fashion = tiny_fashion_mnist(tmp_path / "fashion-mnist", train=20, test=20)  # generated: no dataset needed
     models = ["vit_full", "vit_local", "seq_full", "fashion_vit_full"]

@@ -318,7 +318,6 @@ def marks(command: Command) -> list:
     return [pytest.mark.xfail(reason=why, strict=True) for key, why in KNOWN_BROKEN.items() if key in command.line]
 
 
-@pytest.mark.slow  # each one a run of zoo in its own process
 @pytest.mark.parametrize("command", [pytest.param(c, id=f"{c.page}: {c.line[:90]}", marks=marks(c)) for c in COMMANDS])
 def test_readme_command_works_as_written(command: Command, world, tmp_path, capsys) -> None:
     args = substitute(command, world, tmp_path)

@@ -328,7 +328,6 @@ TINY_GPT = [
 ]  # fmt: skip
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family, args, metric", [("vit", TINY_VIT, "test/acc"), ("gpt", TINY_GPT, "test/loss")])
 def test_run_killed_with_sigkill_resumes_to_exactly_the_uninterrupted_metrics(
     family: str, args: list[str], metric: str, tmp_path: Path
@@ -359,7 +358,6 @@ def test_run_killed_with_sigkill_resumes_to_exactly_the_uninterrupted_metrics(
     assert "auto_resume" not in original and args[1] in original  # the original record stays
 
 
-@pytest.mark.slow
 def test_sigterm_saves_last_checkpoint_and_exits_143(tmp_path: Path) -> None:
     process = start([*TINY_VIT, "trainer.max_epochs=50", f"paths.log_dir={tmp_path}"])
     checkpoint = wait_for("vit/*/checkpoints/last.ckpt", tmp_path, process)
@@ -372,7 +370,6 @@ def test_sigterm_saves_last_checkpoint_and_exits_143(tmp_path: Path) -> None:
     assert saved["global_step"] >= before and "rng" in saved["callbacks"]["ResumeState"]
 
 
-@pytest.mark.slow
 def test_runs_started_together_get_own_directories_and_no_secret_reaches_any_file(tmp_path: Path) -> None:
     secret = "wandb-0123456789abcdef-secret"
     env = {"WANDB_API_KEY": secret, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}

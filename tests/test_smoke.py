@@ -89,7 +89,6 @@ def test_the_cpu_trainer_runs_one_step(tmp_path, capsys) -> None:
     assert "test/acc" in json.loads((tmp_path / "run" / "metrics.json").read_text())
 
 
-@pytest.mark.slow
 def test_the_ddp_cpu_trainer_runs_one_step_in_two_processes(tmp_path) -> None:
     run_dir = tmp_path / "run"
     result = run_cli([*TINY["vit"], "trainer=ddp_cpu", "debug=fdr", *QUIET, f"hydra.run.dir={run_dir}"], timeout=300)

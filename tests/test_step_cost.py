@@ -126,7 +126,6 @@ def test_additive_attention_is_not_probed_beyond_the_length_its_step_affords(tmp
     assert result["status"] == "error" and result["reason"].startswith("not measured beyond n=256: additive")
 
 
-@pytest.mark.slow
 def test_a_real_cost_probe_runs_all_its_steps_even_where_an_epoch_is_shorter(tmp_path: Path) -> None:
     args = variant_study.parse_args(["--quick", "--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"),
                                      "--threads", "1"])  # fmt: skip

@@ -49,3 +49,88 @@ def test_a_sweep_run_in_process_leaves_no_hydra_run_behind(tmp_path) -> None:
     assert code == 0, (out + err)[-3000:]
     assert (tmp_path / "0").is_dir()  # it ran, as a sweep's job 0
     assert HydraConfig.instance().cfg is before and not GlobalHydra.instance().is_initialized()
+
+
+# -- the two tiers (tests/tiers.py): what a test does puts it in the end-to-end tier --------------------------
+def _calls_run_cli() -> None:
+    run_cli_alias(["model=vit"])
+
+
+def _calls_a_helper_that_starts_a_process() -> None:
+    _helper_that_starts_a_process()
+
+
+def _helper_that_starts_a_process() -> None:
+    subprocess.run(["true"])
+
+
+def _imports_its_own_helper() -> None:
+    from tests.helpers import run_in_process as run
+
+    run(["model=vit"])
+
+
+def _runs_a_benchmark() -> None:
+    from experiments import attention_benchmark
+
+    attention_benchmark.main(["--quick"])
+
+
+def _reads_a_benchmarks_pure_function() -> None:
+    from experiments.study_stats import bootstrap_interval
+
+    bootstrap_interval([0.5, 0.6], seed=0)
+
+
+def _computes_in_this_process() -> None:
+    torch.ones(3).sum()
+    os.path.join("a", "b")
+
+
+def _spawns_a_process_group() -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(print, nprocs=2)
+
+
+run_cli_alias = __import__("tests.helpers", fromlist=["run_cli"]).run_cli
+
+
+@pytest.mark.parametrize(
+    ("functions", "reason"),
+    [
+        ((_calls_run_cli,), "runs zoo end to end (run_cli)"),
+        ((_calls_a_helper_that_starts_a_process,), "starts a process (subprocess)"),
+        ((_imports_its_own_helper,), "runs zoo end to end (run_in_process)"),
+        ((_runs_a_benchmark,), "runs a benchmark (experiments)"),
+        ((_spawns_a_process_group,), "starts a process (multiprocessing)"),
+        ((_computes_in_this_process, _calls_run_cli), "runs zoo end to end (run_cli)"),  # a fixture that runs zoo
+        ((_reads_a_benchmarks_pure_function,), None),
+        ((_computes_in_this_process,), None),
+    ],
+)
+def test_the_tier_is_what_the_test_and_its_fixtures_do(functions, reason) -> None:
+    from tests.tiers import end_to_end_reason
+
+    assert end_to_end_reason(functions) == reason
+
+
+def test_the_fast_tier_refuses_to_start_a_run(monkeypatch) -> None:
+    """A test the rule missed fails in the fast tier instead of slowing it: the run helpers refuse there."""
+    from tests import helpers
+
+    monkeypatch.setattr(helpers, "END_TO_END_ALLOWED", False)
+    for start in (lambda: helpers.run_in_process(["model=vit"]), lambda: helpers.run_cli(["model=vit"])):
+        with pytest.raises(AssertionError, match="in the fast tier: tests/tiers.py did not see"):
+            start()
+
+
+def test_the_session_runs_one_tier_and_marks_each_end_to_end_test_with_its_reason(request) -> None:
+    """This test is fast, so this session is the fast tier: nothing collected here carries the e2e mark, and the
+    run helpers refuse. (The e2e session's own check is the reverse, in the same rule.)"""
+    from tests import helpers
+
+    assert not request.config.getoption("--e2e")
+    assert request.node.get_closest_marker("e2e") is None
+    assert not helpers.END_TO_END_ALLOWED
+    assert all(item.get_closest_marker("e2e") is None for item in request.session.items)

@@ -108,7 +108,6 @@ def run_config(records: list[Any]) -> dict[str, Any]:
     return {**config, **{item.key: json.loads(item.value_json) for item in run.config.update}}
 
 
-@pytest.mark.slow
 def test_offline_sweep_logs_metrics_lr_gradient_norms_config_and_media_one_run_per_job(tmp_outputs: Path) -> None:
     # A 2-job sweep in one process: each job must get its own W&B run, grouped by the sweep.
     result = run_cli(
@@ -167,7 +166,6 @@ def test_offline_sweep_logs_metrics_lr_gradient_norms_config_and_media_one_run_p
     assert len(list((summary_file.parent / "files" / "media" / "images").rglob("*.png"))) >= 2
 
 
-@pytest.mark.slow
 def test_a_wandb_sweep_config_runs_zoo_through_the_agents_command_line(tmp_outputs: Path, capsys) -> None:
     from wandb.sdk.launch.sweeps.utils import create_sweep_command, create_sweep_command_args
 
@@ -225,7 +223,6 @@ MEDIA_RUNS = {
 }  # fmt: skip
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("model", sorted(MEDIA_RUNS))
 def test_offline_run_of_a_text_model_logs_its_sample_tables_and_alignment_images(model: str, tmp_outputs: Path) -> None:
     overrides, tables, images = MEDIA_RUNS[model]

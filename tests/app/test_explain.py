@@ -21,8 +21,6 @@ from zoo.models.vit import ViT, ViTConfig
 KNOWN = 5  # the patch (row 1, column 1 of the 4 x 4 grid) that decides the class
 QUIET = ["print_config=false", "logger=csv"]
 
-pytestmark = pytest.mark.slow
-
 
 def one_patch_images(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """8 x 8 noise images; class 1 brightens patch KNOWN by +1, class 0 darkens it: nothing else tells them apart."""

@@ -25,8 +25,6 @@ CLIP = ["model=clip", "model.net.embed_dim=16", "model.net.image.dim=16", "model
         "model.net.image.num_heads=2", "model.net.image.mlp_dim=32", "model.net.text.dim=16", "model.net.text.depth=1",
         "model.net.text.num_heads=2", "model.net.text.mlp_dim=32"]  # fmt: skip
 
-pytestmark = pytest.mark.slow
-
 
 def run(args: list[str], run_dir: Path, capsys) -> str:
     code, out, err = run_in_process([*args, "print_config=false", f"hydra.run.dir={run_dir}"], capsys)

@@ -60,7 +60,6 @@ def vit_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"root": root, "out": result.stdout, "err": result.stderr}
 
 
-@pytest.mark.slow
 def test_a_vit_run_shows_no_third_party_line_and_ends_with_its_predict_command(vit_run) -> None:
     printed = vit_run["out"] + vit_run["err"]
     for text in THIRD_PARTY:
@@ -70,7 +69,6 @@ def test_a_vit_run_shows_no_third_party_line_and_ends_with_its_predict_command(v
     assert last.startswith("python run.py model=vit ckpt_path=") and "mode=predict inputs=" in last, last
 
 
-@pytest.mark.slow
 def test_modes_print_their_summary_only_and_print_config_true_shows_the_config(vit_run, capsys) -> None:
     checkpoint = vit_run["root"] / "vit" / "checkpoints" / "last.ckpt"
     for print_config, shown in ((None, False), ("true", True)):
@@ -81,7 +79,6 @@ def test_modes_print_their_summary_only_and_print_config_true_shows_the_config(v
         assert "exported the vit model to" in out.strip().splitlines()[-1]
 
 
-@pytest.mark.slow
 def test_every_family_ends_with_its_own_next_command(tmp_path: Path, capsys) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("To be, or not to be, that is the question.\n" * 40)
@@ -102,7 +99,6 @@ def test_every_family_ends_with_its_own_next_command(tmp_path: Path, capsys) -> 
             assert code == 0 and (tmp_path / "zs" / "zero_shot.csv").is_file(), (out + err)[-3000:]
 
 
-@pytest.mark.slow
 def test_one_batch_debug_run_says_what_its_missing_checkpoint_means(tmp_path: Path, capsys) -> None:
     args = [*TINY_CLIP, "debug=fdr", "print_config=false", f"paths.log_dir={tmp_path}"]
     code, out, err = run_in_process(args, capsys)

@@ -156,7 +156,6 @@ def test_each_pruner_config_builds_its_optuna_pruner(pruner: str, tmp_path: Path
     assert default._target_ == "optuna.pruners.MedianPruner"
 
 
-@pytest.mark.slow
 def test_grid_sweep_in_parallel_records_a_failing_job_and_prints_the_summary(tmp_outputs: Path, capsys) -> None:
     # num_heads=3 does not divide dim=16: that job fails, the other one finishes, the sweep exits 1. The sweep runs
     # in this process (its jobs in joblib's worker processes, as from the command line).
@@ -178,7 +177,6 @@ def test_grid_sweep_in_parallel_records_a_failing_job_and_prints_the_summary(tmp
     assert "model.net.num_heads=3" in out
 
 
-@pytest.mark.slow
 def test_optuna_search_of_three_trials_goes_on_after_a_failure_and_writes_results(tmp_outputs: Path, capsys) -> None:
     # dim 18 does not split into 4 heads: with the sampler's seed the second trial draws it and fails.
     code, _, err = run_in_process(
@@ -234,7 +232,6 @@ def is_png(path: Path) -> bool:
     return path.is_file() and path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.slow
 def test_optuna_search_prunes_hopeless_trials_and_plots_the_study(tmp_outputs: Path, capsys) -> None:
     from optuna.trial import TrialState
 
@@ -259,7 +256,6 @@ def test_optuna_search_prunes_hopeless_trials_and_plots_the_study(tmp_outputs: P
         assert is_png(sweep_dir / f"{plot}.png"), plot
 
 
-@pytest.mark.slow
 def test_a_killed_optuna_search_resumes_and_runs_no_finished_trial_again(tmp_outputs: Path, capsys) -> None:
     from optuna.trial import TrialState
 
@@ -299,7 +295,6 @@ def test_a_killed_optuna_search_resumes_and_runs_no_finished_trial_again(tmp_out
         assert is_png(sweep_dir / f"{plot}.png"), plot
 
 
-@pytest.mark.slow
 def test_ddp_ranks_of_a_trial_train_with_rank_zeros_parameters_and_stop_together(tmp_outputs: Path) -> None:
     from optuna.trial import TrialState
 

@@ -129,7 +129,6 @@ FAMILIES = {
 }  # fmt: skip
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_family_converts_its_data_and_trains_from_the_shards(family: str, tmp_path: Path, capsys) -> None:
     files = {"text": tiny_text(tmp_path / "corpus.txt"), **tiny_parallel_text(tmp_path / "pairs")}
@@ -193,7 +192,6 @@ def read_as_rank(rank: int, world_size: int, shards: str, port: int, out: str, w
     dist.destroy_process_group()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("workers", [2])  # two ranks of two workers: four disjoint parts
 def test_two_ranks_read_disjoint_parts_whose_union_is_the_split_once_per_epoch(
     digit_shards: Path, tmp_path: Path, workers: int

@@ -52,7 +52,6 @@ def test_a_killed_worker_is_one_line_naming_the_sample_it_was_loading() -> None:
     )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("fault", "workers", "status"), [("raise", 0, 2), ("kill", 2, 3)])
 def test_a_run_with_a_faulty_sample_stops_with_one_line(fault: str, workers: int, status: int, tmp_path, capsys):
     data = [
@@ -96,7 +95,6 @@ def test_classes_and_the_models_num_classes_come_from_the_folder_names(tmp_path:
     assert module.test_set.sample_source(0) == str(split / "test" / "ant" / "0.png")
 
 
-@pytest.mark.slow
 def test_training_on_an_image_folder_builds_the_head_from_its_classes(tmp_path: Path, capsys) -> None:
     folder = image_folder(tmp_path / "images", {"cat": 8, "dog": 8, "owl": 8})
     args = [*QUIET, "data=image_folder", f"data.data_dir={folder}", "data.image_size=8", "data.num_workers=0",

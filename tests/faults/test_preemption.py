@@ -52,7 +52,6 @@ def slurm(tmp_path: Path, monkeypatch) -> Path:
     return calls
 
 
-@pytest.mark.slow
 def test_sigusr1_outside_slurm_saves_a_resumable_checkpoint_and_exits_138(tmp_path: Path, capsys) -> None:
     # SIGTERM takes the same path, exit 143 (tests/test_reliability.py).
     run_dir = tmp_path / "vit" / "job"
@@ -69,7 +68,6 @@ def test_sigusr1_outside_slurm_saves_a_resumable_checkpoint_and_exits_138(tmp_pa
     assert "`weights_only` was not set" not in printed  # Lightning's note on saving without weights_only=False
 
 
-@pytest.mark.slow
 def test_under_slurm_sigusr1_requeues_the_job_and_the_requeued_start_continues(tmp_path, capsys, slurm, loads) -> None:
     # The sbatch script's command: a run directory named after the job, and auto_resume=true.
     command = [*QUIET, "hydra.run.dir=" + str(tmp_path / "vit" / "slurm-4242"), "auto_resume=true"]

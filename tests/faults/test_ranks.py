@@ -60,7 +60,6 @@ def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, float]:
     return metrics_of(only_run_dir(log_dir))
 
 
-@pytest.mark.slow
 def test_rank_zero_killed_mid_epoch_the_survivor_stops_and_auto_resume_matches(ddp_reference, tmp_path) -> None:
     # Rank 0 starts rank 1 (Lightning re-runs the command); killed, it leaves rank 1 alone in a collective.
     killed = fault("KillAtStep", tmp_path / "fired", step=7, rank=0)
@@ -81,7 +80,6 @@ def test_rank_zero_killed_mid_epoch_the_survivor_stops_and_auto_resume_matches(d
     assert_same_metrics(metrics_of(run_dir), ddp_reference)
 
 
-@pytest.mark.slow
 def test_rank_one_killed_mid_epoch_ends_rank_zero_within_seconds_and_auto_resume_matches(ddp_reference, tmp_path):
     # Rank 1 is rank 0's child: rank 0 sees the closed connection and prints the line, unless Lightning's watchdog
     # of its children (it polls every 5 s) kills it first, with a line of its own; or it prints the line and the
@@ -107,7 +105,6 @@ def test_rank_one_killed_mid_epoch_ends_rank_zero_within_seconds_and_auto_resume
     assert_same_metrics(metrics_of(run_dir), ddp_reference)
 
 
-@pytest.mark.slow
 def test_a_hung_rank_ends_the_run_after_the_configured_timeout(tmp_path) -> None:
     # Rank 1 stops (SIGSTOP) without closing its connections: only the collective timeout can end rank 0's wait.
     # The start-up rendezvous has a bound of its own, which must cover starting rank 1 on a loaded machine (30 s

@@ -88,7 +88,6 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return only_run_dir(root)
 
 
-@pytest.mark.slow
 def test_resume_over_a_half_written_last_checkpoint_ends_with_the_uninterrupted_metrics(
     killed_run: Path, reference: dict, tmp_path: Path
 ) -> None:
@@ -105,7 +104,6 @@ def test_resume_over_a_half_written_last_checkpoint_ends_with_the_uninterrupted_
     assert_same_metrics(metrics_of(run_dir), reference)
 
 
-@pytest.mark.slow
 def test_resuming_a_run_whose_training_is_complete_validates_it_again_and_loses_no_metric(
     reference_run: dict, tmp_path: Path
 ) -> None:

@@ -96,7 +96,6 @@ def test_a_refused_checkpoint_write_is_one_line_and_keeps_the_last_good_checkpoi
 
 
 # -- a real run ---------------------------------------------------------------------------------------------
-@pytest.mark.slow
 def test_a_run_on_a_full_disk_stops_with_one_line_and_resumes_exactly_once_space_is_freed(
     disk, reference, tmp_path
 ) -> None:
@@ -128,7 +127,6 @@ def test_a_run_on_a_full_disk_stops_with_one_line_and_resumes_exactly_once_space
     assert_same_metrics(metrics_of(run_dir), reference)
 
 
-@pytest.mark.slow
 def test_a_full_disk_met_outside_the_checkpoint_writer_names_the_last_good_checkpoint_too(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:

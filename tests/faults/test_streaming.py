@@ -77,7 +77,6 @@ RANDOMNESS = {
 }  # fmt: skip
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("randomness", RANDOMNESS)
 def test_a_run_killed_mid_epoch_resumes_at_its_sample_and_ends_with_the_uninterrupted_metrics(
     shards: Path, tmp_path: Path, randomness: str

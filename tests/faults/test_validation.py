@@ -139,7 +139,6 @@ def gpt_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     return root, corpus
 
 
-@pytest.mark.slow
 def test_a_gpt_checkpoint_of_another_shape_is_one_line(gpt_checkpoint, capsys) -> None:
     root, corpus = gpt_checkpoint
     trained = [*TINY_GPT, f"data.path={corpus}", "trainer.max_steps=2", "trainer.val_check_interval=2", "test=false"]
@@ -154,7 +153,6 @@ def test_a_gpt_checkpoint_of_another_shape_is_one_line(gpt_checkpoint, capsys) -
         assert re.search(r"is \(\d+, 16\) in the checkpoint but \(\d+, 32\) here", line), line
 
 
-@pytest.mark.slow
 def test_test_ckpt_best_without_a_best_checkpoint_says_so(gpt_checkpoint, capsys) -> None:
     root, corpus = gpt_checkpoint
     args = [*TINY_GPT, f"data.path={corpus}", "trainer.max_steps=2", "trainer.val_check_interval=5", *QUIET]
@@ -185,7 +183,6 @@ def torchvision_state_dict(path: Path, width: int, heads: int) -> torch.nn.Modul
     return reference
 
 
-@pytest.mark.slow
 def test_torchvision_weights_on_grayscale_images_sum_their_colour_channels(tmp_path: Path, capsys) -> None:
     reference = torchvision_state_dict(tmp_path / "tv.pth", 192, 3)
     model, notes = vit_from_pretrained(str(tmp_path / "tv.pth"), ViTConfig(image_size=8, in_channels=1, num_heads=4))

@@ -165,7 +165,6 @@ def test_pretrained_huggingface_folder_brings_its_architecture_and_tokenizer(tmp
     torch.testing.assert_close(scale * image_embeddings @ text_embeddings.T, expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.slow
 def test_cli_trains_and_tests_clip_on_the_embedded_default(tmp_outputs: Path, capsys) -> None:
     code, _, err = run_in_process(["model=clip", "trainer.fast_dev_run=true", f"paths.log_dir={tmp_outputs}"], capsys)
     assert code == 0, err[-3000:]

@@ -150,7 +150,6 @@ def test_zoo_load_rejects_other_files(tmp_path: Path) -> None:
         zoo.load(tmp_path / "vit.ckpt")
 
 
-@pytest.mark.slow
 def test_cli_trains_then_generates_from_the_checkpoint(corpus: Path, tmp_outputs: Path, capsys) -> None:
     common = ["model=gpt", "data=text", f"data.path={corpus}", f"paths.log_dir={tmp_outputs}", "print_config=false"]
     code, out, err = run_in_process(

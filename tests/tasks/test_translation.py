@@ -94,7 +94,6 @@ def test_learns_to_reverse_sequences_to_bleu_above_90(tmp_path: Path) -> None:
     assert [decode_ids(tokenizer, ids) for ids in beam_search(net, src, 3)] == ["d c b a", "d e f g h"]
 
 
-@pytest.mark.slow
 def test_cli_trains_on_numbers_then_translates_with_the_checkpoint(tmp_outputs: Path, capsys) -> None:
     small = [
         "model=translation",

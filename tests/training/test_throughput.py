@@ -126,7 +126,6 @@ TINY = {
 UNIT = {"vit": ("images",), "clip": ("images", "tokens")}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(TINY))
 def test_every_family_writes_throughput_and_mfu_to_its_csv_log(family: str, tmp_path: Path, capsys) -> None:
     run_dir = tmp_path / "run"
