@@ -14,9 +14,16 @@ import torch
 from torchvision.io import write_png
 
 from tests.helpers import VARIANTS, as_checkpoint, run_in_process, tiny_model, variant_runs
-from zoo.explain import METHODS, attention_gradient, attribute, recorded_attention, subject_of
+from zoo.explain import (
+    METHODS,
+    attention_gradient,
+    attribute,
+    gradient_weighted_relevance,
+    recorded_attention,
+    subject_of,
+)
 from zoo.models.sequence_classifier import SequenceClassifier, SequenceClassifierConfig
-from zoo.models.vit import ViT, ViTConfig
+from zoo.models.vit import ViT, ViTConfig, attention_rollout
 
 KNOWN = 5  # the patch (row 1, column 1 of the 4 x 4 grid) that decides the class
 QUIET = ["print_config=false", "logger=csv"]
@@ -111,6 +118,33 @@ def test_the_attention_gradient_from_the_output_equals_autograd_through_the_expl
         out_grads = torch.autograd.grad(score, outs)
     for record, reference, out_grad in zip(records, by_autograd, out_grads):
         torch.testing.assert_close(attention_gradient(record, out_grad), reference)
+
+
+def test_relevance_and_rollout_compose_the_layers_from_the_first_up_by_hand() -> None:
+    """Two layers, one head, two tokens, every gradient 1 (so Chefer's A_bar is A itself): by hand,
+    grad_attention's R = (I + A2)(I + A1) = [[2.5, 1.5], [2.5, 1.5]] (the other order gives all 2s), and rollout's
+    (0.5 A2 + 0.5 I)(0.5 A1 + 0.5 I) = [[0.625, 0.375], [0.625, 0.375]] (the other order: all 0.5)."""
+    first = torch.tensor([[[[1.0, 0.0], [0.5, 0.5]]]], dtype=torch.float64)  # (B, H, N, N)
+    second = torch.tensor([[[[0.0, 1.0], [1.0, 0.0]]]], dtype=torch.float64)
+    ones = torch.ones_like(first)
+    relevance = gradient_weighted_relevance([first, second], [ones, ones])
+    torch.testing.assert_close(relevance[0], torch.tensor([[2.5, 1.5], [2.5, 1.5]], dtype=torch.float64))
+    rollout = attention_rollout([first, second])
+    torch.testing.assert_close(rollout[0], torch.tensor([[0.625, 0.375], [0.625, 0.375]]))
+
+
+def test_relevance_of_three_layers_is_the_product_of_i_plus_mean_positive_grad_times_attention() -> None:
+    """Chefer et al. 2021, eq. 5-6 written densely: A_bar_l = mean_h max(0, grad_l * A_l) and
+    R = (I + A_bar_3)(I + A_bar_2)(I + A_bar_1); rollout likewise with mean_h A_l and the residual's identity."""
+    torch.manual_seed(0)
+    weights = [torch.softmax(torch.randn(2, 3, 5, 5, dtype=torch.float64), dim=-1) for _ in range(3)]
+    gradients = [torch.randn(2, 3, 5, 5, dtype=torch.float64) for _ in range(3)]
+    eye = torch.eye(5, dtype=torch.float64)
+    bars = [(g * a).clamp_min(0).mean(dim=1) for a, g in zip(weights, gradients)]
+    by_hand = (eye + bars[2]) @ (eye + bars[1]) @ (eye + bars[0])
+    torch.testing.assert_close(gradient_weighted_relevance(weights, gradients), by_hand, rtol=1e-12, atol=1e-12)
+    steps = [0.5 * a.mean(dim=1) + 0.5 * eye for a in weights]  # rows already sum to 1
+    torch.testing.assert_close(attention_rollout(weights), (steps[2] @ steps[1] @ steps[0]).float())
 
 
 @pytest.mark.parametrize("attention", [a for a in VARIANTS if variant_runs("vit", a)])

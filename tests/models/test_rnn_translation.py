@@ -113,6 +113,34 @@ def test_the_fixed_vector_sees_the_whole_source_and_attention_rows_differ_from_i
         assert not torch.allclose(model(src, tgt), model(changed, tgt))
 
 
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("layers", [2, 3])
+def test_the_fixed_vector_is_the_top_layers_final_states_bridged(cell: str, layers: int) -> None:
+    """Cho et al. 2014's c, with the bidirectional encoder (the family's only kind): c = tanh(W [h_fwd; h_bwd] + b)
+    of the top layer, whose forward final state is its output at the sentence's last real token and whose
+    backward final state is its output at the first one (padding excluded). Each layer's decoder start state is
+    the same bridge of that layer's own final states, read here from nn.GRU / nn.LSTM run on the sentence alone."""
+    model = tiny(cell, None, layers=layers)
+    src = random_source()
+    encoded, start = model.encode(src)
+    hidden = model.config.hidden
+    for row in range(src.shape[0]):
+        length = int((src[row] != PAD).sum())
+        with torch.no_grad():
+            outputs, final = model.encoder(model.embed(src[row : row + 1, :length]))  # the sentence alone
+        top = outputs[0]  # (length, 2 hidden): the top layer's states, forward then backward
+        by_hand = torch.tanh(model.bridge(torch.cat([top[length - 1, :hidden], top[0, hidden:]])))
+        torch.testing.assert_close(encoded["context"][row], by_hand, rtol=1e-12, atol=1e-12)
+        finals = final if cell == "lstm" else (final,)  # h_n (and the LSTM's c_n): (layers * 2, 1, hidden)
+        bridges = (model.bridge, model.cell_bridge) if cell == "lstm" else (model.bridge,)
+        starts = start if cell == "lstm" else (start,)
+        for state, bridge, begin in zip(finals, bridges, starts):
+            for layer in range(layers):
+                forward, backward = state[2 * layer, 0], state[2 * layer + 1, 0]
+                expected = torch.tanh(bridge(torch.cat([forward, backward])))
+                torch.testing.assert_close(begin[layer, row], expected, rtol=1e-12, atol=1e-12)
+
+
 def test_bad_settings_are_one_line_errors_naming_the_choices() -> None:
     with pytest.raises(ValueError, match="unknown rnn_translation cell 'rnn'; valid choices: gru, lstm"):
         RNNTranslationConfig(cell="rnn")

@@ -72,6 +72,29 @@ def test_every_family_takes_adapters_and_merges_them(family: str) -> None:
     assert isinstance(merged, torch.nn.Module)
 
 
+@pytest.mark.parametrize("family", ["vit", "gpt", "translation", "clip", "sequence_classifier"])
+@pytest.mark.parametrize(("rank", "alpha"), [(3, 6.0), (4, 2.0)])
+def test_each_adapted_projection_computes_its_base_plus_alpha_over_rank_b_a(family: str, rank: int, alpha: float):
+    """Hu et al. 2021, eq. 3: h = W0 x + (alpha / r) B A x. Written here from the adapter's own A and B (rank > 1,
+    alpha / r not 1), for every adapted projection of every family, in fp64; merging gives W0 + (alpha / r) B A."""
+    model = add_lora(tiny_model(family).double(), LoRAConfig(rank=rank, alpha=alpha))
+    randomise_adapters(model)
+    adapted = {name: m for name, m in model.named_modules() if hasattr(m, "lora_A")}
+    assert adapted and {name.rsplit(".", 1)[-1] for name in adapted} >= {"in_proj", "out_proj", "fc1", "fc2"}
+    expected = {}
+    for name, module in adapted.items():
+        base = module.get_base_layer()
+        a, b = module.lora_A["default"].weight, module.lora_B["default"].weight  # (r, in), (out, r)
+        assert a.shape == (rank, base.in_features) and b.shape == (base.out_features, rank)
+        x = torch.randn(5, base.in_features, dtype=torch.float64)
+        by_hand = x @ base.weight.T + base.bias + (alpha / rank) * (x @ a.T @ b.T)
+        torch.testing.assert_close(module(x), by_hand, rtol=1e-12, atol=1e-12)
+        expected[name] = base.weight + (alpha / rank) * b @ a
+    merge_lora(model)
+    for name, weight in expected.items():
+        torch.testing.assert_close(model.get_submodule(name).weight, weight, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"rank": -1}, "model.lora.rank must be an int >= 0 (0: no LoRA), got -1"),
     ({"alpha": 0}, "model.lora.alpha must be a number > 0, got 0"),
