@@ -184,6 +184,22 @@ def test_a_real_matmul_probe_measures_a_plausible_peak_and_leaves_the_runs_rando
     assert torch.equal(torch.get_rng_state(), state)  # else a resumed run, probing or not, would draw differently
 
 
+def test_the_probes_peak_is_two_n_cubed_over_the_best_time_at_the_first_size_past_50_ms(monkeypatch) -> None:
+    """A matmul of two n x n matrices is 2 n^3 FLOPs. With a scripted clock: at n=256 the best of the 4 timed runs
+    (a warm-up and 3 repeats) is 10 ms, under 50 ms, so the size doubles; at n=512 it is 80 ms: the peak is
+    2 * 512^3 / 0.08 FLOP/s, by hand 3.3554432e9."""
+    seconds = iter([0.5, 0.02, 0.01, 0.03, 0.3, 0.09, 0.08, 0.1])  # per timed run, in order
+    clock = [0.0]
+
+    def perf_counter() -> float:  # called at a run's start and end: the end advances by the run's scripted time
+        clock.append(clock[-1] + (next(seconds) if len(clock) % 2 == 0 else 0.0))
+        return clock[-1]
+
+    monkeypatch.setattr(throughput.time, "perf_counter", perf_counter)
+    peak = throughput.matmul_peak(torch.float32, largest=2048, repeats=3)
+    assert peak == pytest.approx(3.3554432e9, rel=1e-12) and next(seconds, None) is None  # no run past n=512
+
+
 def test_gpu_peaks_come_from_lightnings_table_and_an_unknown_gpu_is_named(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     assert device_peak_flops(torch.device("cuda"), torch.bfloat16) == (989.4e12, "the datasheet (Lightning's table)")
