@@ -1,5 +1,6 @@
-"""Mid-epoch resume from shards: a run streaming data=images_stream, killed with SIGKILL in the middle of an epoch
-and resumed (auto_resume), trains on every sample of that epoch exactly once and ends with the uninterrupted run's
+"""Mid-epoch resume from shards: a run streaming data=images_stream, killed with SIGKILL in the middle of its first
+epoch of three and resumed (auto_resume), trains on every sample of each epoch exactly once, sees in every step of
+every later epoch the batches of the uninterrupted run in its order, and ends with the uninterrupted run's
 metrics: the StreamingDataLoader's position travels in the checkpoint (Lightning stores its state_dict)."""
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from tests.faults.conftest import assert_same_metrics, fault, metrics_of, only_r
 from zoo.data.images import DigitsDataModule
 from zoo.data.shards import read_meta, write_shards
 
-# 2 epochs of 11 batches (1,365 digits, 128 a batch), last.ckpt every 5 steps: the kill at step 15 is after
-# batch 4 of epoch 1 (0-based), right at a checkpoint, so the resumed run repeats no step.
+# 3 epochs of 11 batches (1,365 digits, 128 a batch), last.ckpt every 5 steps: the kill at step 5 is after batch
+# 4 of epoch 0, the first, right at a checkpoint, so the resumed run repeats no step; epochs 1 and 2 are wholly
+# the resumed process's.
+EPOCHS, STEPS_PER_EPOCH, KILL_AT = 3, 11, 5
 STREAM_VIT = [
     "model=vit", "data=images_stream", "data.patch_size=2", "data.batch_size=128", "trainer.precision=32-true",
-    "model.net.dim=16", "model.net.depth=1", "model.net.num_heads=2", "model.net.mlp_dim=32", "trainer.max_epochs=2",
+    "model.net.dim=16", "model.net.depth=1", "model.net.num_heads=2", "model.net.mlp_dim=32", f"trainer.max_epochs={EPOCHS}",
     "trainer.limit_val_batches=1", "trainer.limit_test_batches=1",
     "trainer.deterministic=true", "+callbacks.last_checkpoint.every_n_train_steps=5",
     "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null", "callbacks.lr_monitor=null",
@@ -89,22 +92,23 @@ def test_a_run_killed_mid_epoch_resumes_at_its_sample_and_ends_with_the_uninterr
 
     killed_log = tmp_path / "killed.jsonl"
     args = [*settings, data, f"paths.log_dir={tmp_path / 'run'}", *record(killed_log)]
-    code, _, err, _ = run([*args, *fault("KillAtStep", tmp_path / "fired", step=15)])
+    code, _, err, _ = run([*args, *fault("KillAtStep", tmp_path / "fired", step=KILL_AT)])
     assert code == -9, err[-3000:]
     run_dir = only_run_dir(tmp_path / "run")
-    assert [s["step"] for s in steps(killed_log)] == list(range(1, 16))
-    code, _, err, _ = run([*args, *fault("KillAtStep", tmp_path / "fired", step=15), f"auto_resume={run_dir}"])
+    assert [s["step"] for s in steps(killed_log)] == list(range(1, KILL_AT + 1))
+    code, _, err, _ = run([*args, *fault("KillAtStep", tmp_path / "fired", step=KILL_AT), f"auto_resume={run_dir}"])
     assert code == 0, err[-3000:]
 
-    seen = steps(killed_log)
-    assert [s["step"] for s in seen] == list(range(1, 23)), "the resumed run goes on at step 16"
+    seen, uninterrupted = steps(killed_log), steps(tmp_path / "ref.jsonl")
+    assert [s["step"] for s in seen] == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1)), "goes on at the next step"
     total = read_meta(shards)["splits"]["train"]["items"]
     per_epoch = defaultdict(list)
     for step in seen:
         per_epoch[step["epoch"]] += step["ids"]
     for epoch, ids in per_epoch.items():
         assert sorted(ids) == list(range(total)), f"epoch {epoch}: not every sample exactly once"
-    assert seen == steps(tmp_path / "ref.jsonl"), "the same batches as the uninterrupted run"
+    for epoch in range(EPOCHS):  # step by step: the same sample ids in the same order as the uninterrupted run
+        assert [s for s in seen if s["epoch"] == epoch] == [s for s in uninterrupted if s["epoch"] == epoch], epoch
     # Epoch means of training metrics (train/acc, train/loss_epoch) average over the steps this process ran: the
     # resumed run's cover the end of the epoch only. Every other metric, weights-dependent, must match exactly.
     resumed = metrics_of(run_dir)
