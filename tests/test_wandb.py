@@ -19,6 +19,7 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 
 from tests.helpers import ROOT, compose_config, run_cli, run_in_process
+from zoo.errors import ZooWarning
 from zoo.training.loggers import wandb_api_key_available, wandb_logger, wandb_mode
 
 NO_KEY = {"WANDB_API_KEY": "", "WANDB_MODE": "", "NETRC": "/nonexistent/netrc"}
@@ -293,7 +294,8 @@ def test_logger_settings_reach_the_run(tmp_path: Path, monkeypatch: pytest.Monke
     assert wandb_logger(save_dir=str(tmp_path), offline=True)._offline is True  # offline=true wins over the key
     monkeypatch.setenv("WANDB_API_KEY", "")
     assert wandb_logger(save_dir=str(tmp_path), offline=False)._offline is False  # offline=false wins too
-    every = wandb_logger(save_dir=str(tmp_path), log_model="all", offline=True)
+    with pytest.warns(ZooWarning, match="only the best and last checkpoints become artifacts"):
+        every = wandb_logger(save_dir=str(tmp_path), log_model="all", offline=True)
     assert every.checkpoint_artifacts is True  # offline, "all" falls back to the best and last checkpoints
     default = wandb_logger(save_dir=str(tmp_path))
     assert default._log_model is False and default.checkpoint_artifacts is False  # log_model=false: no artifacts

@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Any
 
 
+class ZooWarning(UserWarning):
+    """A warning of zoo's own: the run goes on, but a setting does less than asked or costs more than needed
+    (the test suite turns these into errors, so every one a test meets is one it expects)."""
+
+
 class UsageError(ValueError):
     """A command line or setting that cannot run as given."""
 

@@ -23,7 +23,8 @@ from zoo.data.shards import read_meta, write_shards
 EPOCHS, STEPS_PER_EPOCH, KILL_AT = 3, 11, 5
 STREAM_VIT = [
     "model=vit", "data=images_stream", "data.patch_size=2", "data.batch_size=128", "trainer.precision=32-true",
-    "model.net.dim=16", "model.net.depth=1", "model.net.num_heads=2", "model.net.mlp_dim=32", f"trainer.max_epochs={EPOCHS}",
+    "model.net.dim=16", "model.net.depth=1", "model.net.num_heads=2", "model.net.mlp_dim=32",
+    f"trainer.max_epochs={EPOCHS}",
     "trainer.limit_val_batches=1", "trainer.limit_test_batches=1",
     "trainer.deterministic=true", "+callbacks.last_checkpoint.every_n_train_steps=5",
     "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null", "callbacks.lr_monitor=null",

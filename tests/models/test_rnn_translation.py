@@ -42,7 +42,7 @@ def random_source(batch: int = 3, seed: int = 0) -> torch.Tensor:
 def sequence_logprob(model, src: torch.Tensor, ids: list[int]) -> float:
     tgt = torch.tensor([[BOS] + ids + [EOS]])
     logprobs = F.log_softmax(model(src, tgt[:, :-1]).double(), dim=-1)
-    return float(logprobs[0].gather(1, tgt[0, 1:, None]).sum())
+    return float(logprobs[0].gather(1, tgt[0, 1:, None]).sum().detach())
 
 
 def test_both_families_implement_the_one_search_interface() -> None:

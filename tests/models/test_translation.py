@@ -216,7 +216,7 @@ def test_beam_size_one_equals_greedy() -> None:
 def sequence_logprob(model: TranslationTransformer, src: torch.Tensor, ids: list[int]) -> float:
     tgt = torch.tensor([[BOS] + ids + [EOS]])
     logprobs = F.log_softmax(model(src, tgt[:, :-1]), dim=-1)
-    return float(logprobs[0].gather(1, tgt[0, 1:, None]).sum())
+    return float(logprobs[0].gather(1, tgt[0, 1:, None]).sum().detach())
 
 
 def test_beam_search_scores_at_least_as_well_as_greedy() -> None:

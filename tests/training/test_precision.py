@@ -7,6 +7,7 @@ import lightning as L
 import pytest
 import torch
 
+from zoo.errors import ZooWarning
 from zoo.training import precision as precision_module
 from zoo.training.precision import MixedPrecision, mixed_precision_plugin, resolve_precision
 
@@ -61,7 +62,8 @@ def test_gradients_are_clipped_to_the_limit_in_mixed_precision(precision: str, f
 def test_zoo_plugin_replaces_lightnings_only_for_mixed_precision_without_sharded_strategies() -> None:
     assert mixed_precision_plugin("32-true", "cpu") is None
     assert mixed_precision_plugin("bf16-mixed", "cpu").precision == "bf16-mixed"
-    assert mixed_precision_plugin("16-mixed", "cpu").precision == "bf16-mixed"  # CPU: as Lightning does
+    with pytest.warns(ZooWarning, match="16-mixed runs as bf16-mixed on the CPU"):
+        assert mixed_precision_plugin("16-mixed", "cpu").precision == "bf16-mixed"  # CPU: as Lightning does
     assert mixed_precision_plugin("bf16-mixed", "cpu", {"_target_": "zoo.training.distributed.fsdp_strategy"}) is None
     assert mixed_precision_plugin("bf16-mixed", "cpu", {"_target_": "lightning.pytorch.strategies.DDPStrategy"})
 

@@ -24,6 +24,8 @@ from lightning.pytorch.loggers import Logger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
+from zoo.errors import ZooWarning
+
 WANDB_HOST = "api.wandb.ai"
 
 
@@ -358,7 +360,8 @@ def wandb_logger(
     group = sweep_group(group, sweep_name)
     if offline and log_model == "all":
         rank_zero_warn(
-            "W&B offline: only the best and last checkpoints become artifacts (log_model=all needs the network)"
+            "W&B offline: only the best and last checkpoints become artifacts (log_model=all needs the network)",
+            category=ZooWarning,
         )
         log_model = True
     if offline and mode != "disabled":

@@ -24,6 +24,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision as LightningMixed
 from lightning.pytorch.plugins.precision.precision import Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_info, rank_zero_warn
 
+from zoo.errors import ZooWarning
 from zoo.hardware import native_bf16
 
 # Lightning's precision names (lightning.fabric.connector._PRECISION_INPUT) and zoo's `auto`.
@@ -93,7 +94,8 @@ def resolve_precision(precision: Any, accelerator: str) -> Any:
     if device == "cpu" and str(precision).startswith(("bf16", "16")) and not native_bf16("cpu"):
         rank_zero_warn(
             f"trainer.precision={precision}: this CPU has no native bf16 (AVX512-BF16 or AMX) and emulates it, "
-            "several times slower than 32-true (recipes.md); trainer.precision=auto picks the fastest"
+            "several times slower than 32-true (recipes.md); trainer.precision=auto picks the fastest",
+            category=ZooWarning,
         )
     return precision
 
@@ -108,7 +110,8 @@ def mixed_precision_plugin(precision: Any, accelerator: str, strategy: Any = Non
     device = training_device(accelerator)
     if device == "cpu" and mode == "16-mixed":
         rank_zero_warn(
-            "trainer.precision=16-mixed runs as bf16-mixed on the CPU (as in Lightning): fp16 AMP is for GPUs"
+            "trainer.precision=16-mixed runs as bf16-mixed on the CPU (as in Lightning): fp16 AMP is for GPUs",
+            category=ZooWarning,
         )
         mode = "bf16-mixed"
     return MixedPrecision(mode, device)
