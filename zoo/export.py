@@ -330,7 +330,8 @@ def export_huggingface(model: nn.Module, folder: str | Path) -> Path:
     except ValueError as error:
         raise UsageError(
             f"format=huggingface: {error}; supported: attention=full without rope, position_bias or kv_heads "
-            "(GPT-2), or model=llama's blocks with full or local attention (Llama, Qwen2, Mistral)"
+            "(GPT-2), or model=llama's blocks with full or local attention (no sink or global tokens) and rope_scaling "
+            "none, linear, dynamic, yarn or llama3 (Llama, Qwen2, Mistral)"
         ) from None
     from transformers import PreTrainedTokenizerFast
 

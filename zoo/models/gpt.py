@@ -324,11 +324,20 @@ class GPT(nn.Module):
 
         config = self.config
         attention = config.attention
-        if attention.variant != "full" or attention.relative_positions or attention.kv_heads or not config.bias:
+        differences = {
+            "attention.variant": attention.variant if attention.variant != "full" else None,
+            "attention.rope": attention.rope or None,
+            "attention.position_bias": attention.position_bias,
+            "attention.kv_heads": attention.kv_heads,
+            "bias": False if not config.bias else None,
+            "qkv_bias": config.qkv_bias if config.qkv_bias not in (None, config.bias) else None,
+            "qk_norm": config.qk_norm or None,
+        }
+        differences = {name: value for name, value in differences.items() if value is not None}
+        if differences:
             raise ValueError(
-                f"GPT-2 has full multi-head attention, learned positions and biases; this model has "
-                f"attention.variant={attention.variant!r}, rope={attention.rope}, "
-                f"position_bias={attention.position_bias!r}, kv_heads={attention.kv_heads}, bias={config.bias}"
+                "GPT-2 has full multi-head attention, learned positions, biases everywhere and no qk_norm; this "
+                f"model has {', '.join(f'{name}={value!r}' for name, value in differences.items())}"
             )
         hf_config = GPT2Config(
             vocab_size=config.vocab_size,

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from zoo.attention.positions import ROPE_PARAMETERS
 from zoo.nn.blocks import mlp_hidden_dim
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
@@ -29,6 +30,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 # The gated MLP each transformers `hidden_act` makes: act(gate_proj(x)) * up_proj(x).
 GATED_MLPS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu"}
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+# zoo's rope_scaling values that transformers' rope types compute exactly (not static NTK).
+HUGGINGFACE_ROPE_SCALINGS = ("linear", "dynamic", "yarn", "llama3")
 # rope_parameters keys that are not the scaling's own settings.
 ROPE_GENERAL = ("rope_type", "type", "rope_theta", "factor")
 
@@ -186,6 +189,15 @@ def huggingface_config(config: Any) -> tuple[str, dict[str, Any]]:
         problems.append("no rotary positions (attention.rope=true, no position_bias)")
     if attention.variant not in ("full", "local"):
         problems.append(f"attention.variant={attention.variant!r} (full, or local as Mistral's sliding window)")
+    kernel = attention.build_kernel()
+    for option in ("sink_tokens", "global_tokens"):
+        if getattr(kernel, option, 0):
+            problems.append(f"attention.{option}={getattr(kernel, option)} (Mistral's sliding window has none)")
+    if attention.rope_scaling is not None and attention.rope_scaling not in HUGGINGFACE_ROPE_SCALINGS:
+        problems.append(
+            f"attention.rope_scaling={attention.rope_scaling!r} (transformers' 'dynamic' rescales with the length, "
+            f"static NTK does not; valid: {', '.join(HUGGINGFACE_ROPE_SCALINGS)})"
+        )
     if config.qk_norm:
         problems.append("qk_norm=true")
     qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
@@ -198,6 +210,9 @@ def huggingface_config(config: Any) -> tuple[str, dict[str, Any]]:
     arch = "mistral" if attention.variant == "local" else "qwen2" if qkv_bias and not config.bias else "llama"
     rope: dict[str, Any] = {"rope_type": attention.rope_scaling or "default", "rope_theta": attention.rope_base}
     if attention.rope_scaling is not None:
+        # zoo's defaults written out: transformers requires some (llama3's low/high_freq_factor).
+        defaults = ROPE_PARAMETERS.get(attention.rope_scaling, {})
+        rope.update({key: value for key, value in defaults.items() if value is not None})
         rope.update(factor=attention.rope_factor, **(attention.rope_parameters or {}))
         if attention.rope_scaling in ("yarn", "llama3"):
             rope.setdefault("original_max_position_embeddings", config.block_size)
