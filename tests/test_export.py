@@ -185,3 +185,64 @@ def test_huggingface_export_refuses_what_gpt2_is_not(family, attention, message,
     with pytest.raises(UsageError, match=message):
         export_huggingface(tiny_model(family, attention), tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def tiny_llama(attention: dict | None = None, **fields) -> torch.nn.Module:
+    """model=llama's blocks (RMSNorm, SwiGLU, RoPE, no biases, untied head), small and random, in eval mode."""
+    from zoo.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    fields = {"norm": "rmsnorm", "mlp": "swiglu", "bias": False, "tie_weights": False, **fields}
+    attention = {"rope": True, **(attention or {})}
+    config = GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=16, attention=attention, **fields)
+    return GPT(config).eval()
+
+
+def gpt2_shaped(**fields) -> torch.nn.Module:
+    """tiny_model("gpt") (LayerNorm, GELU MLP: exported as GPT-2) with `fields` changed."""
+    from zoo.models.gpt import GPT, GPTConfig
+
+    return GPT(GPTConfig.from_dict({**tiny_model("gpt").config.to_dict(), **fields})).eval()
+
+
+LLAMA_EXPORTS = {
+    "llama": {},
+    "gqa": {"kv_heads": 1},
+    "mistral": {"variant": "local", "window": 4, "chunk_size": 2},
+    "linear": {"rope_scaling": "linear", "rope_factor": 2.0},
+    "dynamic": {"rope_scaling": "dynamic", "rope_factor": 2.0},
+    "yarn": {"rope_scaling": "yarn", "rope_factor": 2.0},
+    "llama3": {"rope_scaling": "llama3", "rope_factor": 2.0},  # zoo's defaults of low/high_freq_factor written out
+}
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA_EXPORTS))
+def test_huggingface_folder_of_llama_blocks_loads_in_transformers_with_the_same_logits(name, tmp_path) -> None:
+    """Past the trained length too where RoPE is scaled (dynamic NTK changes its base there)."""
+    transformers = pytest.importorskip("transformers")
+    model = tiny_llama(LLAMA_EXPORTS[name])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(export_huggingface(model, tmp_path / "hf")).eval()
+    length = 40 if model.config.attention.extrapolates else 16
+    ids = torch.randint(0, 40, (2, length), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    (lambda: tiny_llama({"variant": "local", "window": 4, "sink_tokens": 2}),
+     "format=huggingface: no Llama / Qwen2 / Mistral has attention.sink_tokens=2 \\(Mistral's sliding window"),
+    (lambda: tiny_llama({"variant": "local", "window": 4, "global_tokens": 2}),
+     "format=huggingface: no Llama / Qwen2 / Mistral has attention.global_tokens=2 \\(Mistral's sliding window"),
+    (lambda: tiny_llama({"rope_scaling": "ntk", "rope_factor": 2.0}),
+     "format=huggingface: no Llama / Qwen2 / Mistral has attention.rope_scaling='ntk' .*valid: linear, dynamic, "
+     "yarn, llama3"),
+    (lambda: gpt2_shaped(qk_norm=True), "format=huggingface: GPT-2 .* this model has qk_norm=True"),
+    (lambda: gpt2_shaped(qkv_bias=False), "format=huggingface: GPT-2 .* this model has qkv_bias=False"),
+], ids=["sink_tokens", "global_tokens", "ntk", "qk_norm", "qkv_bias"])  # fmt: skip
+def test_huggingface_export_refuses_what_the_folder_cannot_express(model, message, tmp_path: Path) -> None:
+    """Each option that transformers' Llama / Qwen2 / Mistral / GPT-2 has no field for is one line naming it (before:
+    a Mistral or GPT-2 folder with other logits, or a raw KeyError from transformers or the weight table)."""
+    pytest.importorskip("transformers")
+    with pytest.raises(UsageError, match=message):
+        export_huggingface(model(), tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

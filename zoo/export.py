@@ -54,6 +54,9 @@ PRETRAINED_BASES: dict[str, Any] = {
     "vit": lambda base, config: vit_from_pretrained(base, config)[0],
     "clip": lambda base, config: CLIP.from_pretrained(base, attention=config.attention),
 }
+# Besides a family's sizes, the fields that make a LoRA checkpoint's base another network (a Llama base replaced
+# by a Qwen2 of the same sizes).
+ARCHITECTURE_FIELDS = {"gpt": ("norm", "mlp", "bias", "qkv_bias", "qk_norm", "tie_weights")}
 ONNX_FAMILIES = ("gpt", "sequence_classifier", "vit")
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 PREPROCESSING_FILE, ONNX_FILE = "preprocessing.json", "model.onnx"
@@ -119,6 +122,16 @@ def _with_lora(family: str, hparams: dict[str, Any], state: dict[str, torch.Tens
         if not Path(base).exists():
             raise CheckpointError(f"{where!r} holds LoRA adapters of the base {base!r}, which does not exist any more")
         model = PRETRAINED_BASES[family](base, config)
+        fields = (*config.sizes, *ARCHITECTURE_FIELDS.get(family, ()))
+        now, then = model.config.to_dict(), config.to_dict()
+        changed = [name for name in fields if now.get(name) != then.get(name)]
+        if changed:
+            name = changed[0]
+            raise CheckpointError(
+                f"{where!r} holds LoRA adapters of the base {base!r}, which now holds another architecture "
+                f"({name}={now.get(name)!r} there, {then.get(name)!r} when the adapters were trained); put the base "
+                "they were trained on back in that folder"
+            )
     else:
         model = network(config)
     add_lora(model, LoRAConfig(**hparams["lora"]))
@@ -330,7 +343,8 @@ def export_huggingface(model: nn.Module, folder: str | Path) -> Path:
     except ValueError as error:
         raise UsageError(
             f"format=huggingface: {error}; supported: attention=full without rope, position_bias or kv_heads "
-            "(GPT-2), or model=llama's blocks with full or local attention (Llama, Qwen2, Mistral)"
+            "(GPT-2), or model=llama's blocks with full or local attention (no sink or global tokens) and rope_scaling "
+            "none, linear, dynamic, yarn or llama3 (Llama, Qwen2, Mistral)"
         ) from None
     from transformers import PreTrainedTokenizerFast
 

@@ -139,7 +139,13 @@ def read_huggingface_folder(folder: str | Path, what: str = "model.pretrained") 
         raise CheckpointError(f"{what}={str(folder)!r} holds no weights; valid: {', '.join(HUGGINGFACE_WEIGHTS)}")
     name = present[0]
     if name.endswith(".index.json"):
-        weight_map = json.loads((root / name).read_text()).get("weight_map") or {}
+        try:
+            weight_map = json.loads((root / name).read_text()).get("weight_map") or {}
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            raise CheckpointError(
+                f"{what}={str(folder)!r}: {root / name} is not valid JSON (cut off?); save the model again, or "
+                "delete the index if one model.safetensors holds every weight"
+            ) from None
         files = sorted(set(weight_map.values()))
     else:
         files = [name]

@@ -177,3 +177,19 @@ def test_vit_takes_no_sequence_position_bias() -> None:
         lambda: ViT(image_size=8, patch_size=4, dim=16, depth=1, num_heads=2, attention={"position_bias": "alibi"}),
         "position_bias='alibi'", "rope",
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(("scaling", "parameters", "fragments"), [
+    ("yarn", {"original_max_position_embeddings": 0},
+     ["attention.rope_parameters.original_max_position_embeddings must be a positive int", "got 0"]),
+    ("llama3", {"original_max_position_embeddings": -3},
+     ["attention.rope_parameters.original_max_position_embeddings must be a positive int", "got -3"]),
+    ("yarn", {"beta_fast": 0}, ["attention.rope_parameters.beta_fast must be a number > 0", "got 0"]),
+    ("yarn", {"beta_slow": -1.0}, ["attention.rope_parameters.beta_slow must be a number > 0", "got -1.0"]),
+    ("llama3", {"low_freq_factor": 4.0, "high_freq_factor": 4.0},
+     ["attention.rope_parameters.high_freq_factor must be larger than low_freq_factor=4.0", "got 4.0"]),
+])  # fmt: skip
+def test_rope_parameter_values_are_checked_with_their_key_and_range(scaling, parameters, fragments) -> None:
+    """Before: "math domain error" (yarn's log of 0 / L), a division by zero, or llama3 silently scaling everything."""
+    settings = {"rope": True, "rope_scaling": scaling, "rope_factor": 2.0, "rope_parameters": parameters}
+    one_line_error(lambda: AttentionConfig(**settings), *fragments)

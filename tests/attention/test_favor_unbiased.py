@@ -52,11 +52,12 @@ def test_orthogonal_random_features_have_no_preferred_side() -> None:
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("scale", [0.5, 2.0])
+@pytest.mark.parametrize("scale", [0.5, 2.0, 3.0])
 def test_favor_equals_the_linear_attention_formula_in_fp64(causal: bool, scale: float) -> None:
-    """out_i = sum_j phi(q_i) . phi(k_j) v_j / (sum_j phi(q_i) . phi(k_j) + eps), the sums over j <= i when
-    causal, with Lemma 1's features and the kernel's own random features: equal to 1e-10 in fp64, the first
-    causal rows (one key) included, where the old per-row stabiliser moved eps by its scale."""
+    """out_i = sum_j phi(q_i) . phi(k_j) v_j / sum_j phi(q_i) . phi(k_j), the sums over j <= i when causal, with
+    Lemma 1's features and the kernel's own random features: equal to 1e-10 in fp64 under both paths. At scale 2
+    and 3 (scores q . k / sqrt(d) of a few units) many rows hold little total mass (down to ~1e-12): an additive
+    eps in the normaliser moved them by up to 100% (causal) and 0.02-100% (bidirectional)."""
     torch.manual_seed(0)
     kernel = LinearAttention(feature_map="favor", num_features=32, chunk_size=8)
     kernel.setup_heads(HeadLayout(num_heads=2, kv_heads=1, head_dim=16))
@@ -66,8 +67,46 @@ def test_favor_equals_the_linear_attention_formula_in_fp64(causal: bool, scale: 
     k = scale * torch.randn(2, 1, 21, 16, generator=generator, dtype=torch.float64)
     v = torch.randn(2, 1, 21, 16, generator=generator, dtype=torch.float64)
     out, _ = kernel(q, k, v, causal=causal)
+    weights, _ = kernel(q, k, v, causal=causal, need_weights=True)  # the quadratic form (T, S)
     similarity = textbook_favor(q, kernel.projection) @ textbook_favor(k, kernel.projection).transpose(-2, -1)
     if causal:
         similarity = similarity.tril()
-    expected = similarity @ v / (similarity.sum(-1, keepdim=True) + 1e-6)
+    expected = similarity @ v / similarity.sum(-1, keepdim=True)
+    torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(weights, expected, atol=1e-10, rtol=1e-10)
+
+
+def test_favor_decoding_equals_the_formula_token_by_token_in_fp64() -> None:
+    """Decoding one token at a time (the recurrent state [S | z]) gives the causal formula without eps: the first
+    tokens, whose state holds one or two keys of small mass, included."""
+    torch.manual_seed(0)
+    kernel = LinearAttention(feature_map="favor", num_features=32, chunk_size=8)
+    kernel.setup_heads(HeadLayout(num_heads=2, kv_heads=2, head_dim=16))
+    kernel = kernel.double().eval()
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 9, 16, generator=generator, dtype=torch.float64) for _ in range(3))
+    q, k = 2.5 * q, 2.5 * k
+    cache = kernel.new_cache()
+    steps = [kernel.decode(q[:, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1], cache)[0] for i in range(9)]
+    similarity = textbook_favor(q, kernel.projection) @ textbook_favor(k, kernel.projection).transpose(-2, -1)
+    similarity = similarity.tril()
+    expected = similarity @ v / similarity.sum(-1, keepdim=True)
+    torch.testing.assert_close(torch.cat(steps, dim=2), expected, atol=1e-10, rtol=1e-10)
+
+
+def test_long_causal_favor_equals_the_formula_in_fp64() -> None:
+    """Past fast/linear.py's SEGMENT_LENGTH the fast path runs the sequence a segment at a time, with the prefix
+    sums as row additions (64 features x 16 values per head reach SCAN_MIN_WIDTH): the formula without eps too."""
+    torch.manual_seed(0)
+    kernel = LinearAttention(feature_map="favor", num_features=64, chunk_size=64)
+    kernel.setup_heads(HeadLayout(num_heads=1, kv_heads=1, head_dim=16))
+    kernel = kernel.double().eval()
+    generator = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 1, 2100, 16, generator=generator, dtype=torch.float64) for _ in range(3))
+    q, k = 2.5 * q, 2.5 * k
+    with torch.no_grad():
+        out, _ = kernel(q, k, v, causal=True)
+    similarity = textbook_favor(q, kernel.projection) @ textbook_favor(k, kernel.projection).transpose(-2, -1)
+    similarity = similarity.tril()
+    expected = similarity @ v / similarity.sum(-1, keepdim=True)
     torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-10)

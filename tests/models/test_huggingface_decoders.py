@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from zoo.errors import CheckpointError
+import zoo
+from zoo.errors import CheckpointError, DataError
 from zoo.models.gpt import GPT
 
 ROPE = {
@@ -135,12 +136,120 @@ def test_pickle_bin_loads_only_as_tensors(tmp_path) -> None:
         ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1.0}}, "unsupported Hugging Face rope_type "),
         ({"partial_rotary_factor": 0.5}, "unsupported Hugging Face field partial_rotary_factor=0.5"),
         ({"attention_bias": True}, "unsupported Hugging Face fields attention_bias=True with mlp_bias=False"),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500.0}},
+            "rope_type 'yarn' needs rope_parameters.original_max_position_embeddings (the trained context length) "
+            "or rope_parameters.factor",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500.0, "original_max_position_embeddings": 0}},
+            "rope_parameters.original_max_position_embeddings must be a positive int",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 0}},
+            "attention.rope_parameters.original_max_position_embeddings must be a positive int",
+        ),
     ],
 )
 def test_unsupported_architecture_or_field_is_one_line_naming_it(change, message, tmp_path) -> None:
+    """The line names the config.json it read, then the field (zoo.load and GPT.from_huggingface alike)."""
     tiny_checkpoint(tmp_path, "llama")
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
-    with pytest.raises(ValueError) as error:
-        GPT.from_huggingface(tmp_path)
-    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+    for load in (GPT.from_huggingface, zoo.load):
+        with pytest.raises(CheckpointError) as error:
+            load(tmp_path)
+        assert str(error.value).startswith(f"{tmp_path / 'config.json'}: {message}") and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gpt2"])
+@pytest.mark.parametrize("field", ["hidden_size", "vocab_size", "intermediate_size", "num_key_value_heads"])
+def test_config_json_whose_sizes_do_not_match_the_weights_names_the_tensor_and_both_shapes(
+    architecture, field, tmp_path
+) -> None:
+    """Before: torch's multi-line size-mismatch RuntimeError from load_state_dict."""
+    if architecture == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        GPT2LMHeadModel(GPT2Config(vocab_size=61, n_positions=32, n_embd=32, n_layer=2, n_head=4)).save_pretrained(
+            tmp_path
+        )
+        field = {"hidden_size": "n_embd", "intermediate_size": "n_inner", "num_key_value_heads": "n_positions"}.get(
+            field, field
+        )
+    else:
+        tiny_checkpoint(tmp_path, architecture)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("head_dim", None)  # hidden_size / num_attention_heads, as the new hidden_size implies
+    value = {"n_inner": 64}.get(field, 2 * (config.get(field) or 32))
+    (tmp_path / "config.json").write_text(json.dumps({**config, field: value}))
+    for load in (GPT.from_huggingface, zoo.load) if architecture != "gpt2" else (GPT.from_huggingface,):
+        with pytest.raises(CheckpointError) as error:
+            load(tmp_path)
+        message = str(error.value)
+        assert "\n" not in message and message.startswith(f"{tmp_path / 'config.json'} does not describe the weights")
+        assert "is (" in message and "in the weights, config.json implies (" in message
+        assert "use the config.json saved with these weights" in message
+
+
+@pytest.mark.parametrize(
+    "name", ["model.embed_tokens.weight", "model.norm.weight", "model.layers.1.mlp.up_proj.weight"]
+)
+def test_a_missing_tensor_is_one_line_naming_it(name, tmp_path) -> None:
+    """Before: a raw KeyError for the embedding and the final norm."""
+    from safetensors.torch import load_file, save_file
+
+    tiny_checkpoint(tmp_path, "llama")
+    state = load_file(tmp_path / "model.safetensors")
+    del state[name]
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    for load in (GPT.from_huggingface, zoo.load):
+        with pytest.raises(CheckpointError) as error:
+            load(tmp_path)
+        message = str(error.value)
+        assert "\n" not in message and message.startswith(f"{str(tmp_path)!r}: the weights lack {name}")
+
+
+def test_a_cut_off_shard_index_names_the_file(tmp_path) -> None:
+    """Before: the JSON parser's message, naming no file."""
+    theirs = tiny_checkpoint(tmp_path / "one", "llama")
+    theirs.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    index = tmp_path / "sharded" / "model.safetensors.index.json"
+    index.write_text(index.read_text()[:100])
+    with pytest.raises(CheckpointError, match=f"^model.pretrained=.*: {index} is not valid JSON \\(cut off"):
+        GPT.from_huggingface(tmp_path / "sharded")
+
+
+def test_a_cut_off_shards_zoo_json_names_the_file(tmp_path) -> None:
+    from zoo.data.shards import META, read_meta
+
+    (tmp_path / META).write_text('{"kind": "images", "splits": {"tr')
+    with pytest.raises(DataError, match=f"^{tmp_path / META} is not valid JSON \\(cut off"):
+        read_meta(tmp_path)
+
+
+def test_a_lora_checkpoint_whose_base_folder_now_holds_another_architecture_is_one_line(tmp_path) -> None:
+    """Before: torch's size-mismatch RuntimeError while loading the adapters into the new base."""
+    from tests.helpers import TASKS
+    from zoo.nn.lora import LoRAConfig, adapter_state_dict, add_lora
+
+    base = tmp_path / "base"
+    tiny_checkpoint(base, "llama")
+    tuned = add_lora(GPT.from_huggingface(base), LoRAConfig(rank=2))
+    checkpoint = {
+        "state_dict": {f"net.{key}": value for key, value in adapter_state_dict(tuned.state_dict()).items()},
+        "hyper_parameters": {"net": tuned.config.to_dict(), "lora": {"rank": 2}, "pretrained": str(base)},
+        "zoo": {"task": TASKS["gpt"], "family": "gpt"},
+    }
+    torch.save(checkpoint, tmp_path / "last.ckpt")
+    assert isinstance(zoo.load(tmp_path / "last.ckpt"), GPT)  # the base as trained: loads
+    for path in base.iterdir():
+        path.unlink()
+    tiny_checkpoint(base, "llama", hidden_size=64, head_dim=16)  # the folder now holds a wider model
+    with pytest.raises(CheckpointError) as error:
+        zoo.load(tmp_path / "last.ckpt")
+    assert str(error.value) == (
+        f"{str(tmp_path / 'last.ckpt')!r} holds LoRA adapters of the base {str(base)!r}, which now holds another "
+        "architecture (n_embd=64 there, 32 when the adapters were trained); put the base they were trained on back "
+        "in that folder"
+    )

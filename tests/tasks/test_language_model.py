@@ -168,3 +168,22 @@ def test_cli_trains_then_generates_from_the_checkpoint(corpus: Path, tmp_outputs
     code, out, err = run_in_process(common + ["mode=generate", f"ckpt_path={checkpoint}", "prompt=Zebra"], capsys)
     assert code == 2
     assert err.strip().splitlines()[-1].startswith("error: characters ['Z'] are not in")
+
+
+def test_a_pretrained_folder_without_tokenizer_json_names_the_missing_file(tmp_path: Path) -> None:
+    """The data then makes its own tokenizer; one larger than the checkpoint's vocabulary used to get the advice
+    "set model.net.vocab_size to null", which fails the same way (the folder's config sets the vocabulary)."""
+    from types import SimpleNamespace
+
+    from tests.models.test_huggingface_decoders import tiny_checkpoint
+
+    tiny_checkpoint(tmp_path / "pretrained", "llama")  # vocabulary 61, no tokenizer.json
+    task = LanguageModelTask(net=dict(NET), pretrained=str(tmp_path / "pretrained"))
+    tokenizer = train_char_tokenizer(["".join(chr(0x100 + i) for i in range(100))])
+    task._trainer = SimpleNamespace(datamodule=SimpleNamespace(tokenizer=tokenizer, block_size=16))
+    with pytest.raises(CheckpointError) as error:
+        task.setup("fit")
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"model.pretrained={str(tmp_path / 'pretrained')!r} has no tokenizer.json, so the data")
+    assert f"put the checkpoint's tokenizer.json in {tmp_path / 'pretrained'}" in message

@@ -70,11 +70,9 @@ def orthogonal_random_features(
 def favor_feature_map(x: torch.Tensor, projection: torch.Tensor, is_query: bool) -> torch.Tensor:
     """FAVOR+ positive random features of x (..., d) with projection (m, d) -> (..., m).
 
-    The features are Lemma 1's, unscaled, so that linear attention's normaliser phi(q) . z + eps is the
-    formula's: dividing a query row by its largest feature (Performer's stabiliser) leaves the ratio unchanged
-    only without eps, and with eps it moved the first causal rows (few keys, small phi(q) . z) off the formula.
-    A query row is scaled down only where its largest feature would pass a quarter of the dtype's exponent
-    range (phi(q) . phi(k) summed over many keys must stay finite); there the normaliser dwarfs eps anyway.
+    The features are Lemma 1's, unscaled. A query row is scaled down only where its largest feature would pass a
+    quarter of the dtype's exponent range (phi(q) . phi(k) summed over many keys must stay finite): linear
+    attention's normaliser phi(q) . z has no additive eps, so the scale cancels between numerator and denominator.
     Keys are not stabilised: unscaled key features stay below their bound exp(|w_i|^2 / 2), which float32
     holds for any head_dim up to ~128 (|w_i|^2 ~ head_dim).
     """

@@ -2,7 +2,7 @@
 
 With a non-negative feature map phi in place of exp(q . k / sqrt(d)) (zoo/attention/feature_maps.py: elu + 1,
 ReLU, or Performer's FAVOR+ random features), attention factorises (eq. 4-6):
-out_i = phi(q_i)^T S / (phi(q_i)^T z + eps),  S = sum_j phi(k_j) v_j^T,  z = sum_j phi(k_j).
+out_i = phi(q_i)^T S / phi(q_i)^T z,  S = sum_j phi(k_j) v_j^T,  z = sum_j phi(k_j).
 Bidirectional: one pass in O(n F d) (F features per head). Causal: the sums run over j <= i; computed in
 chunks, with a quadratic causal product inside each chunk and the state of all earlier chunks from one
 prefix sum over per-chunk states (no loop over tokens). Decoding keeps only [S | z] (eq. 18-20),
@@ -36,7 +36,6 @@ from zoo.attention.feature_maps import (
 from zoo.attention.functional import repeat_kv
 from zoo.errors import check_choice, check_positive_int
 
-EPS = 1e-6  # added to the normaliser, as in the paper's code
 # Tokens per chunk of the causal kernel, chosen by measurement (experiments/results/recipes.md): smaller
 # chunks mean more per-chunk states, larger ones a bigger quadratic part.
 DEFAULT_CHUNK_SIZE = 64
@@ -44,6 +43,14 @@ DEFAULT_CHUNK_SIZE = 64
 # phi(x, is_query, workspace): queries and keys may be mapped differently (FAVOR+ stabilises queries only);
 # `workspace` (or None): the fast path's scratch tensors to write into (fast/linear.py's `scratch`).
 FeatureMap = Callable[[torch.Tensor, bool, "dict | None"], torch.Tensor]
+
+
+def _safe_normaliser(denominator: torch.Tensor) -> torch.Tensor:
+    """phi(q) . z as it is, raised only where it underflows to zero (all features non-negative: the numerator is
+    then zero too, and the row is zero). The paper's code adds eps = 1e-6 instead, which moved every row of small
+    total mass (first causal rows, far keys under FAVOR+) off the formula, by up to 100% (tests/attention/
+    test_favor_unbiased.py)."""
+    return denominator.clamp_min(torch.finfo(denominator.dtype).tiny)
 
 
 def _fresh(workspace: None, name: str, shape: tuple[int, ...], like: torch.Tensor) -> None:
@@ -104,7 +111,7 @@ def quadratic_linear_attention(
         q_len, k_len = q.shape[2], k.shape[2]
         allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
         scores = scores.masked_fill(~allowed, 0.0)
-    weights = scores / (scores.sum(dim=-1, keepdim=True) + EPS)
+    weights = scores / _safe_normaliser(scores.sum(dim=-1, keepdim=True))
     return weights @ values, weights
 
 
@@ -116,7 +123,7 @@ def _bidirectional(phi_q: torch.Tensor, phi_k: torch.Tensor, values: torch.Tenso
     state = phi_k.transpose(-2, -1) @ values  # (B, G, F, D)
     z = phi_k.sum(dim=2)[..., None]  # (B, G, F, 1)
     grouped = phi_q.reshape(batch, kv_heads, (heads // kv_heads) * length, features)  # query heads of a group
-    out = (grouped @ state) / (grouped @ z + EPS)
+    out = (grouped @ state) / _safe_normaliser(grouped @ z)
     return out.view(batch, heads, length, -1)
 
 
@@ -146,7 +153,7 @@ def causal_linear_attention(
 
     Without `normalise`: `state` (B, G, D, E) sums the tokens before this call; returns the unnormalised
     numerator (B, H, T, E) and the state (B, G, D, E) after the last token. With `normalise`: the state is
-    [S | z] (B, G, D, E + 1) and the output numerator / (phi(q) . z + eps), the denominator taken from the
+    [S | z] (B, G, D, E + 1) and the output numerator / phi(q) . z, the denominator taken from the
     same chunks (row sums of the intra-chunk scores, phi(q) . z of the earlier chunks) instead of from a
     column of ones appended to the values (one copy of the values fewer, and E stays matmul-aligned).
     `out` (normalise, no autograd, whole chunks only): a (B, H, T, E) view the output is written into, e.g. a
@@ -210,7 +217,7 @@ def causal_linear_attention(
     # faster than baddbmm's many small matrix-vector products).
     product = scratch(workspace, "product", q_chunks.shape, q_chunks)
     denominator = torch.mul(q_chunks, exclusive_z.reshape(-1, 1, dim), out=product).sum(dim=-1, keepdim=True)
-    denominator = denominator.add_(scores.sum(dim=-1, keepdim=True)).add_(EPS)
+    denominator = _safe_normaliser(denominator.add_(scores.sum(dim=-1, keepdim=True)))
     if out is not None:
         if torch.is_grad_enabled() or padded != length:
             raise ValueError("causal_linear_attention writes into `out` only without autograd and for whole chunks")

@@ -42,13 +42,31 @@ ROPE_PARAMETERS: dict[str, dict[str, object]] = {
 
 
 def check_rope_parameters(scaling: str | None, parameters: dict | None) -> None:
-    """One-line ValueError for a rope_parameters key the scaling does not take."""
+    """One-line ValueError for a rope_parameters key the scaling does not take, or a value out of its range (the
+    lengths and turns go into logarithms and divisions)."""
     valid = ROPE_PARAMETERS.get(scaling or "", {})
     unknown = sorted(set(parameters or {}) - set(valid))
     if unknown:
         raise ValueError(
             f"unknown attention.rope_parameters key {unknown[0]!r} for rope_scaling={scaling!r}; valid: "
             f"{', '.join(valid) or 'none'}"
+        )
+    settings = {**valid, **(parameters or {})}
+    original = settings.get("original_max_position_embeddings")
+    if original is not None and (isinstance(original, bool) or not isinstance(original, int) or original <= 0):
+        raise ValueError(
+            "attention.rope_parameters.original_max_position_embeddings must be a positive int (the trained "
+            f"context length; null: the model's own), got {original!r}"
+        )
+    for key in ("beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor"):
+        value = settings.get(key)
+        if key in settings and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise ValueError(f"attention.rope_parameters.{key} must be a number > 0, got {value!r}")
+    if scaling == "llama3" and settings["high_freq_factor"] <= settings["low_freq_factor"]:
+        raise ValueError(
+            "attention.rope_parameters.high_freq_factor must be larger than low_freq_factor="
+            f"{settings['low_freq_factor']!r} (the blend between them divides by the difference), got "
+            f"{settings['high_freq_factor']!r}"
         )
 
 

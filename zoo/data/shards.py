@@ -230,7 +230,13 @@ def read_meta(data_dir: str | Path, kind: str | None = None) -> dict[str, Any]:
             f"data.data_dir={str(data_dir)!r} is not a shards folder ({what}); write one with "
             "python run.py mode=shard data=<data> out=<folder>"
         )
-    meta = json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise DataError(
+            f"{path} is not valid JSON (cut off?); write the shards again with python run.py mode=shard "
+            "data=<data> out=<folder>"
+        ) from None
     if kind is not None and meta.get("kind") != kind:
         raise DataError(
             f"data.data_dir={str(data_dir)!r} holds {meta.get('kind')} shards; this data config reads {kind}"

@@ -26,11 +26,13 @@ import torch
 from torch import nn
 
 from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, PackedDocuments, TokenLayout
-from zoo.errors import check_choice
+from zoo.errors import CheckpointError, check_choice
 from zoo.models.huggingface import (
     architecture_of,
     gpt_config_from_huggingface,
     huggingface_config,
+    huggingface_shapes,
+    llama_family_name,
     state_from_huggingface,
     state_to_huggingface,
 )
@@ -271,25 +273,52 @@ class GPT(nn.Module):
         Qwen2ForCausalLM or MistralForCausalLM, given as the model or as a folder written by save_pretrained
         (config.json and *.safetensors, read by zoo.weights). `attention` replaces fields of the attention the
         checkpoint describes (e.g. {"variant": "local", "window": 1024}, {"rope_scaling": "yarn", ...}).
+        A config.json that zoo cannot honour, or that does not describe the weights (a tensor missing or of
+        another shape), is one CheckpointError naming the file, the field or tensor, and what would work.
         """
         if isinstance(model, (str, Path)):
             config, state = read_huggingface_folder(model)
+            where, config_file = repr(str(model)), str(Path(model).expanduser() / "config.json")
         else:
             config, state = model.config.to_dict(), model.state_dict()
-        if architecture_of(config) == "gpt2":
-            fields, state = _gpt2_from_huggingface(config, state)
-        else:
-            fields = gpt_config_from_huggingface(config)
-            state = state_from_huggingface(state, fields["n_layer"])
+            where, config_file = "the Hugging Face model", "its config"
+        try:
+            gpt2 = architecture_of(config) == "gpt2"
+            fields = _gpt2_config_from_huggingface(config) if gpt2 else gpt_config_from_huggingface(config)
+            gpt_config = GPTConfig(**fields)
+        except ValueError as error:
+            raise CheckpointError(f"{config_file}: {error}") from None
         if attention:
-            fields["attention"] = {**fields["attention"], **attention}
-        gpt = cls(GPTConfig(**fields))
+            gpt_config = GPTConfig(**{**fields, "attention": {**fields["attention"], **attention}})
+        gpt = cls(gpt_config)
+        expected = _gpt2_shapes(gpt) if gpt2 else huggingface_shapes(gpt.state_dict(), gpt_config)
+        state = state if gpt2 else {llama_family_name(name): tensor for name, tensor in state.items()}
+        for name, tensor in state.items():
+            if name in expected and tuple(tensor.shape) != expected[name]:
+                raise CheckpointError(
+                    f"{config_file} does not describe the weights: {name} is {tuple(tensor.shape)} in the weights, "
+                    f"config.json implies {expected[name]}; use the config.json saved with these weights"
+                )
+        missing = [
+            name for name in expected if name not in state and not (name == "lm_head.weight" and gpt_config.tie_weights)
+        ]
+        if missing:
+            raise CheckpointError(
+                f"{where}: the weights lack {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} "
+                f"({len(missing)} of the {len(expected)} tensors config.json describes); valid: the folder as "
+                "save_pretrained wrote it"
+            )
+        state = (
+            _gpt2_state_from_huggingface(state, gpt_config.n_layer)
+            if gpt2
+            else state_from_huggingface(state, gpt_config.n_layer)
+        )
         missing, unexpected = gpt.load_state_dict(state, strict=False)
         missing = [name for name in missing if not (name == "lm_head.weight" and gpt.config.tie_weights)]
         if missing or unexpected:
-            raise ValueError(
-                f"the Hugging Face weights do not fit the model its config describes: missing {missing[:4]}, "
-                f"unexpected {unexpected[:4]}"
+            raise CheckpointError(
+                f"{where}: the Hugging Face weights do not fit the model its config describes: missing "
+                f"{missing[:4]}, unexpected {unexpected[:4]}"
             )
         dtype = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
         return gpt.to(dtype)
@@ -324,11 +353,20 @@ class GPT(nn.Module):
 
         config = self.config
         attention = config.attention
-        if attention.variant != "full" or attention.relative_positions or attention.kv_heads or not config.bias:
+        differences = {
+            "attention.variant": attention.variant if attention.variant != "full" else None,
+            "attention.rope": attention.rope or None,
+            "attention.position_bias": attention.position_bias,
+            "attention.kv_heads": attention.kv_heads,
+            "bias": False if not config.bias else None,
+            "qkv_bias": config.qkv_bias if config.qkv_bias not in (None, config.bias) else None,
+            "qk_norm": config.qk_norm or None,
+        }
+        differences = {name: value for name, value in differences.items() if value is not None}
+        if differences:
             raise ValueError(
-                f"GPT-2 has full multi-head attention, learned positions and biases; this model has "
-                f"attention.variant={attention.variant!r}, rope={attention.rope}, "
-                f"position_bias={attention.position_bias!r}, kv_heads={attention.kv_heads}, bias={config.bias}"
+                "GPT-2 has full multi-head attention, learned positions, biases everywhere and no qk_norm; this "
+                f"model has {', '.join(f'{name}={value!r}' for name, value in differences.items())}"
             )
         hf_config = GPT2Config(
             vocab_size=config.vocab_size,
@@ -365,16 +403,15 @@ GPT2_DEFAULTS = {"n_positions": 1024, "n_inner": None, "activation_function": "g
                  "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False}  # fmt: skip
 
 
-def _gpt2_from_huggingface(config: dict[str, Any], source: dict[str, torch.Tensor]) -> tuple[dict, dict]:
-    """GPTConfig fields and zoo state dict of a GPT-2 config.json and state dict. GPT-2 keeps Conv1D weights as
-    (in, out); nn.Linear wants (out, in), hence the transposes."""
+def _gpt2_config_from_huggingface(config: dict[str, Any]) -> dict[str, Any]:
+    """GPTConfig fields of a GPT-2 config.json."""
     hf = {**GPT2_DEFAULTS, **config}
     if hf["scale_attn_by_inverse_layer_idx"] or not hf["scale_attn_weights"]:
         raise ValueError(
             "only GPT-2 attention scaled by 1/sqrt(head_dim) is supported (scale_attn_weights=True, "
             "scale_attn_by_inverse_layer_idx=False)"
         )
-    fields = dict(
+    return dict(
         vocab_size=hf["vocab_size"],
         block_size=hf["n_positions"],
         n_layer=hf["n_layer"],
@@ -388,13 +425,27 @@ def _gpt2_from_huggingface(config: dict[str, Any], source: dict[str, torch.Tenso
         tie_weights=bool(hf["tie_word_embeddings"]),
         attention={"dropout": hf["attn_pdrop"]},
     )
+
+
+def _gpt2_shapes(gpt: GPT) -> dict[str, tuple[int, ...]]:
+    """The shape of every GPT-2 tensor that `gpt`'s config implies, by its transformers name."""
+    ours = gpt.state_dict()
+    shapes = {}
+    for hf_name, zoo_name, transpose in _huggingface_names(gpt.config.n_layer):
+        shape = tuple(ours[zoo_name].shape)
+        shapes[hf_name] = shape[::-1] if transpose else shape
+    return shapes
+
+
+def _gpt2_state_from_huggingface(source: dict[str, torch.Tensor], n_layer: int) -> dict[str, torch.Tensor]:
+    """zoo state dict of a GPT-2 state dict. GPT-2 keeps Conv1D weights as (in, out); nn.Linear wants (out, in),
+    hence the transposes."""
     state = {}
-    for hf_name, zoo_name, transpose in _huggingface_names(fields["n_layer"]):
-        if hf_name not in source and hf_name == "lm_head.weight":
-            continue  # tied and stored once
-        tensor = source[hf_name]
-        state[zoo_name] = tensor.t() if transpose else tensor
-    return fields, state
+    for hf_name, zoo_name, transpose in _huggingface_names(n_layer):
+        if hf_name in source:  # lm_head.weight: absent when tied and stored once
+            tensor = source[hf_name]
+            state[zoo_name] = tensor.t() if transpose else tensor
+    return state
 
 
 def _huggingface_names(n_layer: int) -> list[tuple[str, str, bool]]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from zoo.attention.positions import ROPE_PARAMETERS
 from zoo.nn.blocks import mlp_hidden_dim
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
@@ -29,6 +30,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 # The gated MLP each transformers `hidden_act` makes: act(gate_proj(x)) * up_proj(x).
 GATED_MLPS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu"}
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+# zoo's rope_scaling values that transformers' rope types compute exactly (not static NTK).
+HUGGINGFACE_ROPE_SCALINGS = ("linear", "dynamic", "yarn", "llama3")
 # rope_parameters keys that are not the scaling's own settings.
 ROPE_GENERAL = ("rope_type", "type", "rope_theta", "factor")
 
@@ -66,7 +69,18 @@ def rope_settings(config: dict[str, Any]) -> dict[str, Any]:
         return settings
     factor = parameters.pop("factor", None)
     if factor is None and kind == "yarn":
-        factor = config["max_position_embeddings"] / parameters["original_max_position_embeddings"]
+        original = parameters.get("original_max_position_embeddings")
+        if original is None:
+            raise ValueError(
+                "rope_type 'yarn' needs rope_parameters.original_max_position_embeddings (the trained context "
+                "length) or rope_parameters.factor (max_position_embeddings / that length); neither is given"
+            )
+        if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
+            raise ValueError(
+                f"rope_parameters.original_max_position_embeddings must be a positive int (the trained context "
+                f"length), got {original!r}"
+            )
+        factor = config["max_position_embeddings"] / original
     if kind in ("linear", "dynamic"):
         parameters.pop("original_max_position_embeddings", None)  # transformers reads max_position_embeddings
     if kind in ("linear", "dynamic") and parameters:
@@ -128,12 +142,30 @@ def gpt_config_from_huggingface(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def llama_family_name(name: str) -> str:
+    """A Llama-family tensor's name as save_pretrained writes it (`model.` before all but the LM head)."""
+    return name if name.startswith(("model.", "lm_head.")) else f"model.{name}"
+
+
+def huggingface_shapes(state: dict[str, torch.Tensor], config: Any) -> dict[str, tuple[int, ...]]:
+    """The shape of every Llama-family tensor that a zoo GPT (its state dict and GPTConfig) implies, by name."""
+    kv_dim = (config.attention.kv_heads or config.n_head) * (config.n_embd // config.n_head)
+    names = state_to_huggingface(state, config.n_layer, config.n_embd, kv_dim)
+    return {name: tuple(tensor.shape) for name, tensor in names.items()}
+
+
 def state_from_huggingface(state: dict[str, torch.Tensor], n_layer: int) -> dict[str, torch.Tensor]:
-    """zoo GPT state dict of a Llama-family state dict: q, k, v stacked into in_proj (rows q, then k, then v)."""
+    """zoo GPT state dict of a Llama-family state dict: q, k, v stacked into in_proj (rows q, then k, then v).
+    A tensor the state lacks is left out (the model's load_state_dict names it)."""
     state = {name.removeprefix("model.") if name.startswith("model.") else name: t for name, t in state.items()}
-    out = {"wte.weight": state["embed_tokens.weight"], "ln_f.weight": state["norm.weight"]}
-    if "lm_head.weight" in state:
-        out["lm_head.weight"] = state["lm_head.weight"]
+    out = {}
+    for theirs, ours in (
+        ("embed_tokens.weight", "wte.weight"),
+        ("norm.weight", "ln_f.weight"),
+        ("lm_head.weight", "lm_head.weight"),
+    ):
+        if theirs in state:
+            out[ours] = state[theirs]
     for i in range(n_layer):
         hf, zoo = f"layers.{i}.", f"blocks.{i}."
         for kind in ("weight", "bias"):
@@ -186,6 +218,15 @@ def huggingface_config(config: Any) -> tuple[str, dict[str, Any]]:
         problems.append("no rotary positions (attention.rope=true, no position_bias)")
     if attention.variant not in ("full", "local"):
         problems.append(f"attention.variant={attention.variant!r} (full, or local as Mistral's sliding window)")
+    kernel = attention.build_kernel()
+    for option in ("sink_tokens", "global_tokens"):
+        if getattr(kernel, option, 0):
+            problems.append(f"attention.{option}={getattr(kernel, option)} (Mistral's sliding window has none)")
+    if attention.rope_scaling is not None and attention.rope_scaling not in HUGGINGFACE_ROPE_SCALINGS:
+        problems.append(
+            f"attention.rope_scaling={attention.rope_scaling!r} (transformers' 'dynamic' rescales with the length, "
+            f"static NTK does not; valid: {', '.join(HUGGINGFACE_ROPE_SCALINGS)})"
+        )
     if config.qk_norm:
         problems.append("qk_norm=true")
     qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
@@ -198,6 +239,9 @@ def huggingface_config(config: Any) -> tuple[str, dict[str, Any]]:
     arch = "mistral" if attention.variant == "local" else "qwen2" if qkv_bias and not config.bias else "llama"
     rope: dict[str, Any] = {"rope_type": attention.rope_scaling or "default", "rope_theta": attention.rope_base}
     if attention.rope_scaling is not None:
+        # zoo's defaults written out: transformers requires some (llama3's low/high_freq_factor).
+        defaults = ROPE_PARAMETERS.get(attention.rope_scaling, {})
+        rope.update({key: value for key, value in defaults.items() if value is not None})
         rope.update(factor=attention.rope_factor, **(attention.rope_parameters or {}))
         if attention.rope_scaling in ("yarn", "llama3"):
             rope.setdefault("original_max_position_embeddings", config.block_size)

@@ -19,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from tokenizers import Tokenizer
 
 from zoo.data.tokenizers import encode_text, tokenizer_kind, tokenizer_to_string
-from zoo.errors import AttentionPlacement
+from zoo.errors import AttentionPlacement, CheckpointError
 from zoo.models.gpt import GPT, GPTConfig, SamplingConfig
 from zoo.tasks.base import ZooTask
 from zoo.training.loggers import log_text_table
@@ -70,6 +70,7 @@ class LanguageModelTask(ZooTask):
         self.sampling = SamplingConfig(**{k: self.sample_config[k] for k in asdict(SamplingConfig())})
         self.net: GPT | None = None
         self.tokenizer: Tokenizer | None = None
+        self.pretrained_without_tokenizer: str | None = None  # the folder, named if the data's tokenizer cannot fit
         if pretrained:
             net_config = GPTConfig.from_dict(net) if net.get("vocab_size") is not None else None
             changes = net_config.attention.to_dict() if net_config else attention_changes(net.get("attention"))
@@ -78,6 +79,8 @@ class LanguageModelTask(ZooTask):
             tokenizer_file = Path(pretrained).expanduser() / "tokenizer.json"
             if tokenizer_file.is_file():
                 self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+            else:
+                self.pretrained_without_tokenizer = str(pretrained)
             # Checkpoints then describe the imported architecture themselves; without LoRA they hold every weight
             # and reload without the folder, with LoRA they hold the adapters and name the folder as their base.
             self.hparams["net"], self.hparams["pretrained"] = self.net.config.to_dict(), self.lora_base(pretrained)
@@ -98,6 +101,14 @@ class LanguageModelTask(ZooTask):
         if self.net is None:
             self.hparams.net = {**self.hparams.net, "vocab_size": vocab_size}
             self.net = self.with_lora(GPT(GPTConfig.from_dict(self.hparams.net)))
+        elif self.net.config.vocab_size < vocab_size and self.pretrained_without_tokenizer:
+            folder = self.pretrained_without_tokenizer
+            raise CheckpointError(
+                f"model.pretrained={folder!r} has no tokenizer.json, so the data made its own {describe(tokenizer)} "
+                f"tokenizer, whose ids the checkpoint (vocabulary {self.net.config.vocab_size}) was not trained on; "
+                f"put the checkpoint's tokenizer.json in {folder} (transformers: "
+                "AutoTokenizer.from_pretrained(<name>).save_pretrained(<folder>))"
+            )
         elif self.net.config.vocab_size < vocab_size:
             raise ValueError(
                 f"model.net.vocab_size={self.net.config.vocab_size} is smaller than the tokenizer's vocabulary "
