@@ -194,6 +194,23 @@ def test_gpu_peaks_come_from_lightnings_table_and_an_unknown_gpu_is_named(monkey
     assert peak is None and reason == "'NVIDIA Imaginary 9000' in bfloat16 is not in Lightning's table of peaks"
 
 
+@pytest.mark.parametrize(
+    ("written", "flops"),
+    [("312T", 312e12), ("989.5T", 989.5e12), ("1.5P", 1.5e15), ("50G", 50e9), ("1.2e15", 1.2e15), (1.2e15, 1.2e15),
+     ("312 TFLOP/s", 312e12), ("312e12", 312e12), (7, 7.0), (None, None)],
+)  # fmt: skip
+def test_a_peak_is_taken_as_people_write_it(written, flops) -> None:
+    assert Throughput(peak_flops=written, cpu_probe=False).peak_flops == flops
+
+
+@pytest.mark.parametrize("written", ["312X", "T312", "fast", "-5T", 0, True, "312TT"])
+def test_a_peak_that_is_no_flop_rate_is_one_line_naming_the_key_and_the_forms(written) -> None:
+    with pytest.raises(ValueError, match=r"^callbacks.throughput.peak_flops must be a positive FLOP/s such as "
+                                         r"312e12, 312T, 989.5T, 1.5P or 50G \(or null\), got ") as error:  # fmt: skip
+        Throughput(peak_flops=written)
+    assert "\n" not in str(error.value)
+
+
 def test_precisions_map_to_the_dtype_of_their_matmuls() -> None:
     expected = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16,
                 "16-mixed": torch.float16, "64-true": torch.float64, None: torch.float32}  # fmt: skip

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import platform
+import re
 import time
 import warnings
 from datetime import date
@@ -195,6 +196,26 @@ def device_peak_flops(device: torch.device, dtype: torch.dtype, cpu_probe: bool 
     return None, f"{name!r} in {str(dtype).removeprefix('torch.')} is not in Lightning's table of peaks"
 
 
+# SI prefixes as datasheets write peaks (312 TFLOP/s is "312T" on the command line)
+FLOPS_PREFIXES = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+FLOPS_TEXT = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKMGTPE]?)\s*(?:FLOP/?S)?\s*", re.IGNORECASE)
+
+
+def parse_flops(value: Any, key: str = "callbacks.throughput.peak_flops") -> float | None:
+    """A peak FLOP/s as people write it: a number (312e12, 1.2e15) or one with an SI prefix (312T, 989.5T, 1.5P,
+    50G, "312 TFLOP/s"); None stays None. Anything else, or a peak <= 0, is one line naming `key`."""
+    if value is None:
+        return None
+    number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if isinstance(value, str) and (match := FLOPS_TEXT.fullmatch(value)):
+        number = float(match.group(1)) * FLOPS_PREFIXES[match.group(2)]
+    if number is None or not number > 0:
+        raise ValueError(
+            f"{key} must be a positive FLOP/s such as 312e12, 312T, 989.5T, 1.5P or 50G (or null), got {value!r}"
+        )
+    return float(number)
+
+
 # -- the callback -------------------------------------------------------------------------------------------
 def batch_counts(pl_module: L.LightningModule, batch: Any) -> dict[str, int]:
     """What one batch holds: the task's own `throughput_counts(batch)` ({"samples": n, "tokens": m} or "images"),
@@ -229,16 +250,17 @@ class Throughput(Callback):
     data loading excluded, with the GPU synchronised at both ends of that batch only. Values are per device.
 
     Args:
-        peak_flops: the device's peak FLOP/s for MFU; None: Lightning's table for GPUs, a probe on the CPU.
+        peak_flops: the device's peak FLOP/s for MFU (a number, or with an SI prefix: 312T, 1.5P, 50G); None:
+            Lightning's table for GPUs, a probe on the CPU.
         cpu_probe: on the CPU, measure a matmul's FLOP/s once per host, dtype and thread count (cached in
             `cache_dir`); false: MFU is unknown on the CPU (one line says so, and train/mfu is not logged).
         cache_dir: where the probe's results are kept; None: $XDG_CACHE_HOME/zoo or ~/.cache/zoo.
     """
 
-    def __init__(self, peak_flops: float | None = None, cpu_probe: bool = True, cache_dir: str | None = None) -> None:
-        if peak_flops is not None and not peak_flops > 0:
-            raise ValueError(f"callbacks.throughput.peak_flops must be a positive FLOP/s or null, got {peak_flops}")
-        self.peak_flops = float(peak_flops) if peak_flops is not None else None
+    def __init__(
+        self, peak_flops: float | str | None = None, cpu_probe: bool = True, cache_dir: str | None = None
+    ) -> None:
+        self.peak_flops = parse_flops(peak_flops)
         self.peak_source = "callbacks.throughput.peak_flops" if peak_flops is not None else None
         self.cpu_probe = cpu_probe
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else None
