@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from zoo.data.parallel_text import decode_ids
 from zoo.data.tokenizers import BOS, EOS, PAD
 from zoo.errors import AttentionPlacement, DataError
-from zoo.models.rnn_translation import RNNTranslation, RNNTranslationConfig
+from zoo.models.rnn_translation import ATTENTIONS, RNNTranslation, RNNTranslationConfig
 from zoo.models.seq2seq import Seq2SeqModel, beam_search, greedy_decode
 from zoo.models.translation import TranslationConfig, TranslationTransformer
 from zoo.tasks.base import ZooTask
@@ -235,7 +235,8 @@ class RNNTranslationTask(TranslationTask):
     takes_lora = False  # recurrent cells and an attention over the encoder states, no Transformer blocks
     attention_placements = (
         AttentionPlacement(
-            "the decoder's attention over the encoder states", "attention.{option}={value}", False, False
-        ),
+            "the decoder's attention over the encoder states", "attention.{option}={value}", False, False,
+            variants=ATTENTIONS, positions=False,
+        ),  # fmt: skip
     )
     architecture = (RNNTranslation, RNNTranslationConfig)
