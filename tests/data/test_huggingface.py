@@ -167,7 +167,8 @@ def test_a_missing_column_names_the_valid_columns(tmp_path):
 def test_columns_of_the_wrong_kind_name_the_column_what_it_holds_and_what_was_expected(tmp_path):
     from zoo.data.huggingface import HFImageDataModule, HFParallelTextDataModule
 
-    paths = datasets.Dataset.from_dict({"image": [f"imgs/{i}.png" for i in range(20)], "label": [i % 2 for i in range(20)]})
+    rows = {"image": [f"imgs/{i}.png" for i in range(20)], "label": [i % 2 for i in range(20)]}
+    paths = datasets.Dataset.from_dict(rows)
     paths.save_to_disk(str(tmp_path / "paths"))
     with pytest.raises(DataError) as info:
         HFImageDataModule(path=str(tmp_path / "paths"), image_size=8).load()

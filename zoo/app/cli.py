@@ -170,7 +170,8 @@ def null_group_message(group: str, options: list[str]) -> str:
             "attention=null is not an attention option; the RNN without attention (one fixed vector) is "
             f"model=rnn_translation model.net.attention=null; valid choices: {', '.join(options)}"
         )
-    return f"{group}=null is not a {group} option; leave the group out with ~{group}, or pick one of: {', '.join(options)}"
+    choices = ", ".join(options)
+    return f"{group}=null is not a {group} option; leave the group out with ~{group}, or pick one of: {choices}"
 
 
 def is_training(values: dict[str, str]) -> bool:

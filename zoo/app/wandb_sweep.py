@@ -189,7 +189,8 @@ class WandbSweep:
     def sweep(self, arguments: list[str]) -> None:
         assert self.config is not None
         space = parse_search_space(self.params, arguments, self.hydra_context.config_loader)
-        check_sweep_keys(space, lambda overrides: self.hydra_context.config_loader.load_sweep_config(self.config, overrides))
+        loader = self.hydra_context.config_loader
+        check_sweep_keys(space, lambda overrides: loader.load_sweep_config(self.config, overrides))
         wandb = OmegaConf.select(self.config, "logger.wandb", default=None) or {}
         sweep_config = wandb_sweep_config(
             space,

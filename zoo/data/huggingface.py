@@ -121,10 +121,12 @@ def check_column_kind(dataset: Any, key: str, column: str, expected: str, path: 
         value = value[field]
     from PIL import Image
 
+    ids = isinstance(value, list | np.ndarray) and all(
+        isinstance(token, int | np.integer) and not isinstance(token, bool) for token in value
+    )
     fits = {
         "images": isinstance(value, Image.Image | list | np.ndarray),
-        "token sequences": isinstance(value, str) or (isinstance(value, list | np.ndarray) and all(
-            isinstance(token, int | np.integer) and not isinstance(token, bool) for token in value)),
+        "token sequences": isinstance(value, str) or ids,
         "text": isinstance(value, str),
     }[expected]
     if fits:

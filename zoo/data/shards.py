@@ -318,7 +318,8 @@ def corrupt_shard_error(folder: Path, checks: dict[str, dict[str, int]], error: 
     name, why = next(iter(bad.items()))
     path = Path(os.path.realpath(folder / name))  # a skip_bad_shards view links to the chunk itself
     more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-    kind = type(error).__name__ if type(error).__module__ == "builtins" else f"{type(error).__module__}.{type(error).__name__}"
+    module, kind = type(error).__module__, type(error).__name__
+    kind = kind if module == "builtins" else f"{module}.{kind}"  # struct.error, not "error"
     return DataError(
         f"shard {path} is {why}{more} ({kind} while reading it); convert again, or pass "
         "data.verify=true data.skip_bad_shards=true to train without it (data.verify=true checks every shard first)"
@@ -440,7 +441,8 @@ class ShardsDataModule(SplitDataModule):
     def stream_loader(self, split: str, collate: Callable[[list[Any]], Any] | None = None) -> Any:
         """A StreamingDataLoader over one split, batches made by `collate` (default: the module's)."""
         folder = self.split_folder(split)  # without the chunks skip_bad_shards left out
-        checks = {name: check for name, check in self.meta["splits"][split]["chunks"].items() if (folder / name).exists()}
+        chunks = self.meta["splits"][split]["chunks"]
+        checks = {name: check for name, check in chunks.items() if (folder / name).exists()}
         loader = streaming_loader_class()(
             self.dataset(split),
             batch_size=self.batch_size_of(split),

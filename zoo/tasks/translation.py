@@ -234,9 +234,13 @@ class RNNTranslationTask(TranslationTask):
     family = "rnn_translation"
     takes_lora = False  # recurrent cells and an attention over the encoder states, no Transformer blocks
     attention_placements = (
-        AttentionPlacement(
-            "the decoder's attention over the encoder states", "attention.{option}={value}", False, False,
-            variants=ATTENTIONS, positions=False,
-        ),  # fmt: skip
+        AttentionPlacement(  # a cross-attention of the variants the RNN has: no positions across two sequences
+            "the decoder's attention over the encoder states",
+            "attention.{option}={value}",
+            causal=False,
+            grid=False,
+            variants=ATTENTIONS,
+            positions=False,
+        ),
     )
     architecture = (RNNTranslation, RNNTranslationConfig)

@@ -289,7 +289,8 @@ class Throughput(Callback):
         peak_flops: the device's peak FLOP/s for MFU (a number, or with an SI prefix: 312T, 1.5P, 50G); None:
             Lightning's table for GPUs, a probe on the CPU.
         cpu_probe: on the CPU, measure a matmul's FLOP/s per host, dtype and thread count, the best of the first
-            runs' probes (cached in `cache_dir`: cpu_peak_flops); false: MFU is unknown on the CPU (one line says so, and train/mfu is not logged).
+            runs' probes (cached in `cache_dir`: cpu_peak_flops); false: MFU is unknown on the CPU (one line says
+            so, and train/mfu is not logged).
         cache_dir: where the probe's results are kept; None: $XDG_CACHE_HOME/zoo or ~/.cache/zoo.
     """
 
