@@ -205,6 +205,35 @@ def test_a_wandb_sweep_config_runs_zoo_through_the_agents_command_line(tmp_outpu
     assert config["attention"]["variant"] == "full" and config["attention"]["window"] == 4
 
 
+def test_a_sweep_over_a_key_the_config_lacks_is_refused_before_its_file_is_written() -> None:
+    from zoo.app.search_space import parse_search_space
+    from zoo.app.wandb_sweep import check_sweep_keys
+    from zoo.errors import UsageError
+
+    compose = lambda overrides: compose_config(overrides)  # noqa: E731 (a run's config, as the agents' runs compose it)
+    searched = {"attention": "choice(full, local)", "attention.window": "choice(4, 8)"}
+    check_sweep_keys(parse_search_space(searched, ["model=vit"]), compose)  # window: a key of attention=local only
+    typo = parse_search_space({**searched, "model.net.deepth": "choice(2, 4)"}, ["model=vit"])
+    with pytest.raises(UsageError) as info:
+        check_sweep_keys(typo, compose)
+    assert str(info.value) == (
+        "the sweep sets 'model.net.deepth', which is not in the config its runs compose; did you mean 'depth'? "
+        "(nothing written: every run would fail)"
+    )
+    check_sweep_keys(parse_search_space({"+model.net.extra": "choice(1, 2)"}, ["model=vit"]), compose)  # added: +
+
+
+def test_a_wandb_sweep_over_a_missing_key_is_one_line_and_leaves_no_sweep_folder(tmp_outputs: Path, capsys) -> None:
+    sweep_dir = tmp_outputs / "sweep"
+    code, out, err = run_in_process(
+        ["hparams_search=vit_optuna", "hydra/sweeper=wandb", "model.net.deepth=2,4", f"hydra.sweep.dir={sweep_dir}"],
+        capsys,
+    )
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "'model.net.deepth'" in lines[0], (out + err)[-3000:]
+    assert not sweep_dir.exists()
+
+
 # Tiny runs of the text models, a few steps each; every media key they log, and the files behind it.
 MEDIA_RUNS = {
     "gpt": (

@@ -58,14 +58,22 @@ class PlacementError(ValueError):
 @dataclass(frozen=True)
 class AttentionPlacement:
     """One attention of a model family: `where` in words, the `override` that sets an option there only
-    ({option} and {value} filled in), whether it is `causal` and whether its tokens lie on a patch `grid`."""
+    ({option} and {value} filled in), whether it is `causal` and whether its tokens lie on a patch `grid`;
+    `variants`: the only variants it takes (None: every one), `positions`: whether it takes RoPE and position
+    biases (a cross-attention has no positions to give)."""
 
     where: str
     override: str
     causal: bool
     grid: bool
+    variants: tuple[str, ...] | None = None
+    positions: bool = True
 
-    def takes(self, needs: str) -> bool:
+    def takes(self, needs: str, option: str = "", value: Any = None) -> bool:
+        if option == "variant" and self.variants is not None and value not in self.variants:
+            return False
+        if option in ("rope", "position_bias") and not self.positions:
+            return False
         return {"bidirectional": not self.causal, "sequence": not self.grid}.get(needs, False)
 
     def command(self, option: str, value: Any) -> str:

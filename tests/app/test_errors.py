@@ -99,15 +99,21 @@ CASES = [
     ("window <= 0", ["attention=local", "attention.window=0"], ["window", "0", "positive"]),
     ("bidirectional attention in a causal model", ["model=gpt", "attention=compressed"],
      ["'compressed' is bidirectional only", "causal", "valid choices", "sparse", "model=gpt has no non-causal",
-      "variant=compressed fits model=clip (the image tower)", "model=translation (the encoder's self-attention)"]),
+      "variant=compressed fits model=sequence_classifier, model=vit"]),
+    ("bidirectional attention in Llama", ["model=llama", "attention=compressed"],
+     ["model=llama has no non-causal attention", "variant=compressed fits model=sequence_classifier, model=vit"]),
     ("bidirectional attention in the translation decoder",
      [*TINY_TRANSLATION, "data=parallel_text", "data.train={files}/pairs.tsv", "data.val={files}/pairs.tsv",
       "data.test={files}/pairs.tsv", "attention=compressed"],
      ["'compressed' is bidirectional only",
       "in model=translation it fits model.net.encoder_attention={variant:compressed}"]),
+    ("no attention for the RNN as a group choice", ["model=rnn_translation", "attention=null"],
+     ["attention=null", "model=rnn_translation model.net.attention=null", "valid choices"]),
+    ("RoPE in the RNN's cross-attention", ["model=rnn_translation", "attention=rope"],
+     ["attention.rope=true (attention=rope) would be ignored", "attention=full | additive"]),
     ("a sequence position bias on a patch grid", [*TINY_VIT, "attention.position_bias=alibi"],
      ["biases distances along a token sequence", "model=vit has no token-sequence attention",
-      "position_bias=alibi fits model=clip (the text tower)"]),
+      "position_bias=alibi fits model=gpt, model=sequence_classifier, model=translation"]),
     ("a sequence position bias in CLIP's image tower", ["model=clip", "attention.position_bias=t5"],
      ["in model=clip it fits model.net.attention=null +model.net.text.attention.position_bias=t5 (the text tower)"]),
     ("axial row length that misses the patch grid", ["attention=axial", "attention.row_length=3"],
@@ -157,6 +163,24 @@ CASES = [
     ("evaluation without a checkpoint", ["train=false"], ["train=false", "ckpt_path"]),
     ("malformed override", ["model.net.dim=[64"], ["model.net.dim=[64"]),
 ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [(["model=rnn_translation", "attention=null"], "model=rnn_translation model.net.attention=null; valid choices: "
+                                                  "additive, axial"),
+     (["attention=full,null", "-m"], "model=rnn_translation model.net.attention=null"),
+     (["logger=null"], "logger=null is not a logger option; leave the group out with ~logger, or pick one of: csv")],
+)  # fmt: skip
+def test_a_null_config_group_is_one_line_naming_the_override_that_works(args, fragment) -> None:
+    """Hydra's parser takes no null for a group ("Config group override must be a string or a list"), naming no key."""
+    from zoo.app.cli import prepare_arguments
+    from zoo.errors import UsageError
+
+    with pytest.raises(UsageError) as info:
+        prepare_arguments(args)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+    assert prepare_arguments(["model=rnn_translation", "model.net.attention=null"])  # the override it names
 
 
 @pytest.mark.parametrize(

@@ -230,3 +230,35 @@ def test_what_cannot_be_explained_is_refused_in_one_line(checkpoints, args, frag
     )
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and fragment in lines[0], (out + err)[-3000:]
+
+
+def test_steps_zero_is_refused_not_read_as_the_default(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from zoo.app.explain import chosen_steps, explain_files
+    from zoo.data.preprocessing import ImagePreprocessing
+
+    cfg = OmegaConf.create({"method": "integrated_gradients", "steps": 0})
+    with pytest.raises(ValueError, match=r"^steps must be a positive int, got 0$"):
+        chosen_steps(cfg)
+    preprocessing = ImagePreprocessing(image_size=8, in_channels=1, mean=(0.5,), std=(0.5,))
+    with pytest.raises(ValueError, match="steps must be a positive int, got 0"):
+        explain_files(cfg, tiny_model("vit"), [], preprocessing, tmp_path / "explain")
+    assert chosen_steps(OmegaConf.create({"steps": None})) > 0  # not given: the default
+
+
+def test_a_file_that_is_not_an_image_is_refused_before_the_explain_folder_exists(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from zoo.app.explain import explain_files
+    from zoo.data.preprocessing import ImagePreprocessing
+    from zoo.errors import DataError
+
+    good, bad = tmp_path / "0.png", tmp_path / "notes.png"
+    write_png(torch.randint(0, 256, (1, 8, 8), dtype=torch.uint8), str(good))
+    bad.write_text("not an image\n")
+    cfg = OmegaConf.create({"method": "attention", "steps": None, "seed": 0})
+    preprocessing = ImagePreprocessing(image_size=8, in_channels=1, mean=(0.5,), std=(0.5,))
+    with pytest.raises(DataError, match=rf"cannot read '{bad}' as an image"):
+        explain_files(cfg, tiny_model("vit"), [good, bad], preprocessing, tmp_path / "explain")
+    assert not (tmp_path / "explain").exists()

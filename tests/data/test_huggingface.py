@@ -162,3 +162,33 @@ def test_a_missing_column_names_the_valid_columns(tmp_path):
         DataError, match=r"data.text_column='content' is not a column of .*; valid columns: \['text', 'id'\]"
     ):
         module.setup()
+
+
+def test_columns_of_the_wrong_kind_name_the_column_what_it_holds_and_what_was_expected(tmp_path):
+    from zoo.data.huggingface import HFImageDataModule, HFParallelTextDataModule
+
+    rows = {"image": [f"imgs/{i}.png" for i in range(20)], "label": [i % 2 for i in range(20)]}
+    paths = datasets.Dataset.from_dict(rows)
+    paths.save_to_disk(str(tmp_path / "paths"))
+    with pytest.raises(DataError) as info:
+        HFImageDataModule(path=str(tmp_path / "paths"), image_size=8).load()
+    assert str(info.value) == (
+        f"data.image_column='image' of {tmp_path / 'paths'} holds strings (e.g. 'imgs/0.png'), not images "
+        "(file paths: cast the column with datasets.Image() before save_to_disk)"
+    )
+
+    folder = sequence_dataset(tmp_path / "sequences", text=False)
+    with pytest.raises(DataError, match=r"^data.sequence_column='label' of .* holds ints \(e.g. \d\), not token "
+                                        r"sequences \(lists of token ids, or strings\)$"):  # fmt: skip
+        HFSequenceDataModule(path=str(folder), sequence_column="label", max_length=8, num_classes=2, padding_id=0,
+                             vocab_size=32).setup()  # fmt: skip
+
+    pairs = parallel_dataset(tmp_path / "pairs")
+    with pytest.raises(DataError, match=r"^data.target_column='translation.fr': column 'translation' of .* holds "
+                                        r"dicts with keys \['de', 'en'\], with no key 'fr'; valid: translation.de, "
+                                        r"translation.en$"):  # fmt: skip
+        HFParallelTextDataModule(path=str(pairs), source_column="translation.de", target_column="translation.fr").load()
+    with pytest.raises(DataError, match=r"holds dicts with keys \['de', 'en'\], not text; name a key: translation.de"):
+        HFParallelTextDataModule(path=str(pairs), source_column="translation", target_column="translation.en").load()
+    assert len(HFParallelTextDataModule(path=str(pairs), source_column="translation.de",
+                                        target_column="translation.en").load()["train"][0]) > 0  # fmt: skip

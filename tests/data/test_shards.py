@@ -178,6 +178,28 @@ def test_a_bad_shard_is_one_line_naming_it_or_skipped_and_counted(digit_shards: 
     assert len(ids) == len(set(ids)) == read_meta(digit_shards)["splits"]["train"]["items"] - lost
 
 
+def test_a_bit_flipped_shard_of_the_right_size_is_one_line_naming_it_and_the_verify_option(
+    digit_shards: Path, tmp_path: Path
+) -> None:
+    """Without data.verify a chunk is only checked for its size before training; one whose bytes changed fails in
+    litdata's decoder (a KeyError, a struct.error, ...), which is checked against the CRC-32s and named."""
+    import shutil
+
+    shutil.copytree(digit_shards, tmp_path / "shards")
+    chunk = sorted((tmp_path / "shards" / "train").glob("chunk-*.bin"))[1]
+    data = bytearray(chunk.read_bytes())
+    data[8] ^= 0xFF  # an offset of the chunk's item table: the size is right, the items are not
+    chunk.write_bytes(bytes(data))
+    module = StreamingImagesDataModule(data_dir=str(tmp_path / "shards"), batch_size=32)
+    module.setup()  # the sizes are as written
+    with pytest.raises(DataError) as info:
+        sample_ids(module, "train")
+    message = str(info.value)
+    assert message.startswith(f"shard {chunk} is corrupt: CRC-32 differs") and "\n" not in message
+    assert "data.verify=true" in message and "data.skip_bad_shards=true" in message
+    assert len(sample_ids(StreamingImagesDataModule(data_dir=str(digit_shards), batch_size=32), "train")) > 0
+
+
 # -- DDP: disjoint parts, the whole split once per epoch ------------------------------------------------------
 def read_as_rank(rank: int, world_size: int, shards: str, port: int, out: str, workers: int) -> None:
     # A rank started by spawn would spawn its loader's workers too (each importing this module, every epoch);

@@ -150,6 +150,22 @@ def test_bad_settings_are_one_line_errors_naming_the_choices() -> None:
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("attention", "named"),
+    [({"variant": "full", "rope": True}, "attention.rope=true (attention=rope)"),
+     ({"variant": "additive", "position_bias": "alibi"}, "attention.position_bias=alibi")],
+)  # fmt: skip
+def test_what_a_cross_attention_would_ignore_is_refused_naming_what_it_takes(attention, named) -> None:
+    """RoPE and position biases are self-attention's (positions across two sequences mean nothing): the RNN's only
+    attention would run without them, so asking for them is an error, not a silent no-op."""
+    with pytest.raises(ValueError) as info:
+        RNNTranslationConfig(attention=attention)
+    message = str(info.value)
+    assert message.startswith(f"{named} would be ignored") and "\n" not in message
+    assert "attention=full | additive" in message and "model.net.attention=null" in message
+    RNNTranslationConfig(attention={"variant": "additive", "dropout": 0.1, "rope_base": 500.0})  # unused defaults: fine
+
+
 def test_config_round_trips_through_a_dict() -> None:
     for cell, attention in CASES:
         config = RNNTranslationConfig(cell=cell, attention=attention, vocab_size=40, hidden=8, embed_dim=8)

@@ -144,7 +144,7 @@ warnings.filterwarnings(
 # Command-line checks and resume planning
 # ---------------------------------------------------------------------------------------------------------
 def check_group_choices(args: list[str], conf: Path = CONF) -> None:
-    """`model=foo` -> UsageError naming the valid models. Sweeps (`model=vit,gpt`) check every value;
+    """`model=foo` (or `model=null`) -> UsageError naming the valid models. Sweeps (`model=vit,gpt`) check every value;
     sweep functions (`choice(...)`, `glob(...)`) are left to Hydra."""
     for arg in args:
         parsed = split_override(arg)
@@ -156,8 +156,22 @@ def check_group_choices(args: list[str], conf: Path = CONF) -> None:
             continue
         options = group_options(group, conf)
         for choice in value.split(","):
-            if choice != "null" and choice not in options:
+            if choice == "null":
+                raise UsageError(null_group_message(group, options))
+            if choice not in options:
                 raise UsageError(f"unknown {group} {choice!r}; valid choices: {', '.join(options) or '(none)'}")
+
+
+def null_group_message(group: str, options: list[str]) -> str:
+    """`attention=null`: Hydra takes no null for a config group (its parser fails without naming the key); the
+    RNN's fixed-vector baseline is a key of its net, and any other group is left out with ~group."""
+    if group == "attention":
+        return (
+            "attention=null is not an attention option; the RNN without attention (one fixed vector) is "
+            f"model=rnn_translation model.net.attention=null; valid choices: {', '.join(options)}"
+        )
+    choices = ", ".join(options)
+    return f"{group}=null is not a {group} option; leave the group out with ~{group}, or pick one of: {choices}"
 
 
 def is_training(values: dict[str, str]) -> bool:

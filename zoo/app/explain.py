@@ -39,6 +39,14 @@ def chosen_method(cfg: DictConfig) -> str:
     return str(method)
 
 
+def chosen_steps(cfg: DictConfig) -> int:
+    """Integrated gradients' points on the path: `steps`, DEFAULT_STEPS when not given (0 is refused, not defaulted)."""
+    steps = cfg.get("steps")
+    steps = DEFAULT_STEPS if steps is None else steps
+    check_positive_int("steps", steps)
+    return steps
+
+
 def pixel_preprocessing(model: nn.Module) -> ImagePreprocessing:
     """A pixel-sequence classifier's images: grey, side x side = max_length, raw 8-bit values as tokens."""
     config = model.config
@@ -74,9 +82,7 @@ def explain_files(
     cfg: DictConfig, model: nn.Module, files: list[Path], preprocessing: ImagePreprocessing | None, folder: Path
 ) -> dict[str, float]:
     """Attribute each image of `files` with cfg.method; PNG + .npy per image in `folder`, and explain.csv."""
-    method = chosen_method(cfg)
-    steps = cfg.get("steps") or DEFAULT_STEPS
-    check_positive_int("steps", steps)
+    method, steps = chosen_method(cfg), chosen_steps(cfg)
     family = family_of(model)
     model.eval()
     if family == "sequence_classifier":
@@ -89,11 +95,13 @@ def explain_files(
         classes = list(preprocessing.classes)
         count = model.config.num_classes
         names = classes if len(classes) == count else [str(i) for i in range(count)]
+    # every image read before the folder exists: a file that is not one is refused with nothing written
+    images = [preprocessing.read(file) for file in files]  # uint8 (C, H, W), at the model's size
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
     for start in range(0, len(files), BATCH):
         chunk = files[start : start + BATCH]
-        pictures = torch.stack([preprocessing.read(file) for file in chunk])  # uint8 (B, C, H, W)
+        pictures = torch.stack(images[start : start + BATCH])  # uint8 (B, C, H, W)
         if family == "sequence_classifier":
             inputs = pictures.flatten(1).long()  # (B, H * W) pixel tokens in raster order
         else:

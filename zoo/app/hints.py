@@ -76,23 +76,39 @@ def model_families() -> list[type[ZooTask]]:
     return sorted(found, key=lambda task: task.family)
 
 
-def placement_hint(error: BaseException, target: str | None) -> str:
+WHOLE_MODEL = "attention.{option}={value}"  # the override a user types for every attention of a model
+HINT_ROOM = 300  # characters of the whole error line: placements are named while they fit
+
+
+def placement_hint(error: BaseException, target: str | None, name: str | None = None, room: int = 150) -> str:
     """For an attention option that cannot go where it was put (zoo.errors.PlacementError): the placement of
-    this model family that takes it, or else the families that do; "" for any other error. Reads what each
-    family declares (ZooTask.attention_placements), so a new variant or family needs nothing here."""
+    this model family that takes it, or else the other families where it works, whole models (`model=vit`) first,
+    then one attention of a family with its override, as many as fit in `room` characters; "" for any other
+    error. `name`: the model= choice the user typed (model=llama is of the gpt family). Reads what each family
+    declares (ZooTask.attention_placements), so a new variant or family needs nothing here."""
     if not isinstance(error, PlacementError) or error.needs not in NEEDS:
         return ""
     option, value = error.option, error.value
     family = getattr(task_class(target), "family", None) if target else None
-    fitting = {task.family: [p for p in task.attention_placements if p.takes(error.needs)] for task in model_families()}
+    fitting = {
+        task.family: [p for p in task.attention_placements if p.takes(error.needs, option, value)]
+        for task in model_families()
+    }
     here = fitting.get(family or "", [])
     if here:
         ways = " or ".join(f"{p.command(option, value)} ({p.where})" for p in here)
-        return f"; in model={family} it fits {ways}"
-    elsewhere = [
-        f"model={name}" + ("" if places[0].where == "every self-attention" else f" ({places[0].where})")
-        for name, places in fitting.items()
-        if places
+        return f"; in model={name or family} it fits {ways}"
+    whole = [f"model={other}" for other, places in fitting.items() if any(p.override == WHOLE_MODEL for p in places)]
+    partial = [
+        f"model={other} {places[0].command(option, value)}"
+        for other, places in fitting.items()
+        if places and not any(p.override == WHOLE_MODEL for p in places)
     ]
-    what = f"model={family} has no {NEEDS[error.needs]} attention" if family else "it needs another model"
-    return f"; {what}; {option}={value} fits {', '.join(elsewhere)}"
+    what = f"model={name or family} has no {NEEDS[error.needs]} attention" if family else "it needs another model"
+    hint = f"; {what}; {option}={value} fits"
+    named = []
+    for way in [*whole, *partial]:
+        if named and len(hint) + len(", ".join([*named, way])) + 1 > room:
+            break
+        named.append(way)
+    return f"{hint} {', '.join(named)}" if named else f"; {what}"

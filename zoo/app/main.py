@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, open_dict
 
 from zoo.app.cli import discard_refused_run
-from zoo.app.hints import next_command, placement_hint
+from zoo.app.hints import HINT_ROOM, next_command, placement_hint
 from zoo.app.pipeline import checkpoint_dir, prepare_checkpoint, print_config_tree
 from zoo.app.reporting import EXIT_FAULT, exit_status, full_error_requested, unwrap, user_error_message
 from zoo.app.secrets import scrub_saved_config
@@ -78,7 +78,8 @@ def exit_with_one_line(cfg: DictConfig, error: Exception) -> None:
     message = user_error_message(error, task_overrides())
     if message is None or full_error_requested():
         raise error
-    message += placement_hint(unwrap(error), cfg.get("model", {}).get("_target_"))
+    target = cfg.get("model", {}).get("_target_")
+    message += placement_hint(unwrap(error), target, model_choice(), HINT_ROOM - len(message))
     output_dir = cfg.get("paths", {}).get("output_dir")
     status = exit_status(error)
     if status == EXIT_FAULT and output_dir and cfg.get("mode", "train") == "train" and cfg.get("train", True):
@@ -112,6 +113,13 @@ def task_overrides() -> list[str]:
     from hydra.core.hydra_config import HydraConfig
 
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def model_choice() -> str | None:
+    """The model= option of this run (llama, say, where the task names its family: gpt); None outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None
 
 
 def in_sweep() -> bool:

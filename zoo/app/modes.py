@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from zoo.app.explain import chosen_method, explain_files
+from zoo.app.explain import chosen_method, chosen_steps, explain_files
 from zoo.app.hints import shown_path
 from zoo.app.main import task_wrapper
 from zoo.app.pipeline import instantiate_list, train_and_test
@@ -405,7 +405,7 @@ def attention_maps(cfg: DictConfig) -> dict[str, float]:
 def explain(cfg: DictConfig) -> dict[str, float]:
     """`mode=explain method=<zoo.explain.METHODS> inputs=<images>`: each image's attribution map, a PNG and its
     scores (.npy) in <run dir>/explain/ (zoo/app/explain.py; CLIP: against caption= or the class prompts)."""
-    chosen_method(cfg)
+    chosen_method(cfg), chosen_steps(cfg)
     model = load_trained(cfg, "explain", EXPLAINABLE_FAMILIES)
     files = image_files(required(cfg, "inputs", "explain", "<an image file, a folder of images or a glob>"))
     preprocessing = image_preprocessing(cfg, model) if family_of(model) in ("vit", "clip") else None

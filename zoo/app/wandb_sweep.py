@@ -20,12 +20,15 @@ its metric. Translation of Hydra's sweep grammar (zoo/app/search_space.py):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from zoo.app.overrides import is_group
+from zoo.app.reporting import closest
 from zoo.app.search_space import DIRECTIONS, Choice, Dimension, SearchSpace, parse_search_space
 from zoo.errors import UsageError
 
@@ -126,6 +129,41 @@ def wandb_sweep_config(
     return {key: value for key, value in config.items() if value is not None}
 
 
+def has_key(cfg: DictConfig, key: str) -> bool:
+    """Whether `key` (dotted) is in `cfg`, whatever its value (null, or an interpolation not resolvable here)."""
+    node: Any = cfg
+    for part in key.split("."):
+        if not OmegaConf.is_dict(node) or part not in node:
+            return False
+        node = node._get_node(part)
+    return True
+
+
+def check_sweep_keys(space: SearchSpace, compose: Callable[[list[str]], DictConfig]) -> None:
+    """Every key the sweep sets must be in the config its runs compose (`compose`: overrides -> config), else one
+    UsageError naming it: W&B's agents would start every run with it and Hydra would refuse each one. A searched
+    config group changes the config's keys: a key counts if it is in the config of any of that group's options.
+    Keys added with + (or ++) and hydra's own are not checked."""
+    groups = {key: d for key, d in space.searched.items() if isinstance(d, Choice) and is_group(key.split("@", 1)[0])}
+    base = [*space.fixed.values(), *(f"{key}={d.texts[0]}" for key, d in groups.items())]
+    configs = [compose(base)]
+    configs += [compose([*base, f"{key}={text}"]) for key, d in groups.items() for text in d.texts[1:]]
+    for key in [*space.searched, *space.fixed]:
+        if key in groups or key.startswith(("+", "~", "hydra")) or is_group(key.split("@", 1)[0]):
+            continue
+        if any(has_key(cfg, key) for cfg in configs):
+            continue
+        parent, _, name = key.rpartition(".")
+        valid = sorted({str(k) for cfg in configs if has_key(cfg, parent) or not parent
+                        for k in (OmegaConf.select(cfg, parent) if parent else cfg) or {}})  # fmt: skip
+        where = f"keys in {parent}" if parent else "keys"
+        raise UsageError(
+            f"the sweep sets {key!r}, which is not in the config its runs compose; "
+            f"{closest(name, [k for k in valid if not k.startswith('_')], where)} (nothing written: every run "
+            "would fail)"
+        )
+
+
 class WandbSweep:
     """A "sweeper" that runs nothing: it writes the sweep's search space as <sweep dir>/wandb_sweep.yaml and
     says how to start it (conf/hydra/sweeper/wandb.yaml: the Optuna settings plus `program`)."""
@@ -151,6 +189,8 @@ class WandbSweep:
     def sweep(self, arguments: list[str]) -> None:
         assert self.config is not None
         space = parse_search_space(self.params, arguments, self.hydra_context.config_loader)
+        loader = self.hydra_context.config_loader
+        check_sweep_keys(space, lambda overrides: loader.load_sweep_config(self.config, overrides))
         wandb = OmegaConf.select(self.config, "logger.wandb", default=None) or {}
         sweep_config = wandb_sweep_config(
             space,

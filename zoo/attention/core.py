@@ -93,8 +93,8 @@ class MultiHeadAttention(nn.Module):
         self.kernel: Kernel = config.build_kernel()
         if causal and not self.kernel.supports_causal:
             raise PlacementError(
-                f"attention variant {self.variant!r} is bidirectional only, and this self-attention is causal "
-                f"(GPT, CLIP's text tower, the translation decoder); valid choices: {causal_variants()}",
+                f"attention variant {self.variant!r} is bidirectional only, and this self-attention is causal; "
+                f"valid choices: {causal_variants()}",
                 "variant", self.variant, needs="bidirectional",
             )  # fmt: skip
         self.kernel.setup(self.layout)

@@ -90,6 +90,57 @@ def check_columns(dataset: Any, columns: dict[str, str], path: Any) -> None:
             raise DataError(f"data.{key}={column!r} is not a column of {path}; valid columns: {dataset.column_names}")
 
 
+def held(value: Any) -> str:
+    """What a column holds, in words, from one of its values: "strings (e.g. 'imgs/0.png')", "ints (e.g. 3)"."""
+    if isinstance(value, dict):
+        return f"dicts with keys {sorted(value)}"
+    if hasattr(value, "size") and hasattr(value, "mode"):
+        return "images"
+    example = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    kind = {str: "strings", bool: "booleans", int: "ints", float: "floats", list: "lists"}.get(type(value))
+    return f"{kind or type(value).__name__ + ' values'} (e.g. {example})"
+
+
+def first_value(dataset: Any, column: str) -> Any:
+    """The first row's value of a column (`translation.de`: the column's dict); None for an empty dataset."""
+    return dataset[0][column.split(".", 1)[0]] if len(dataset) else None
+
+
+def check_column_kind(dataset: Any, key: str, column: str, expected: str, path: Any) -> None:
+    """A one-line DataError when data.<key>'s column does not hold `expected` ("images", "token sequences",
+    "text"), judged by its first value; `translation.de` must name a key of a column of dicts."""
+    value = first_value(dataset, column)
+    if value is None:
+        return
+    name, _, field = column.partition(".")
+    if field:
+        if not isinstance(value, dict) or field not in value:
+            fields = ", ".join(f"{name}.{k}" for k in sorted(value)) if isinstance(value, dict) else "none"
+            raise DataError(f"data.{key}={column!r}: column {name!r} of {path} holds {held(value)}, with no key "
+                            f"{field!r}; valid: {fields}")  # fmt: skip
+        value = value[field]
+    from PIL import Image
+
+    ids = isinstance(value, list | np.ndarray) and all(
+        isinstance(token, int | np.integer) and not isinstance(token, bool) for token in value
+    )
+    fits = {
+        "images": isinstance(value, Image.Image | list | np.ndarray),
+        "token sequences": isinstance(value, str) or ids,
+        "text": isinstance(value, str),
+    }[expected]
+    if fits:
+        return
+    hint = ""
+    if expected == "images" and isinstance(value, str):
+        hint = " (file paths: cast the column with datasets.Image() before save_to_disk)"
+    elif expected == "token sequences":
+        hint = " (lists of token ids, or strings)"
+    elif expected == "text" and isinstance(value, dict):
+        hint = "; name a key: " + ", ".join(f"{column}.{k}" for k in sorted(value))
+    raise DataError(f"data.{key}={column!r} of {path} holds {held(value)}, not {expected}{hint}")
+
+
 def column_values(dataset: Any, column: str) -> list:
     """A column's values; `translation.de` reads key `de` of a column of dicts (the WMT datasets' layout)."""
     name, _, field = column.partition(".")
@@ -180,6 +231,7 @@ class HFImageDataModule(ImageClassificationDataModule):
         columns = {"image_column": self.image_column, "label_column": self.label_column}
         for dataset in splits.values():
             check_columns(dataset, columns, self.path)
+            check_column_kind(dataset, "image_column", self.image_column, "images", self.path)
         named = three_splits(splits, 0.1, 0.2, self.seed)
         names, class_index = class_names(named, self.label_column)
         channels = self.in_channels or 3
@@ -236,6 +288,7 @@ class HFCaptionDataModule(CaptionFileDataModule):
         columns = (self.image_key, self.caption_key)
         for dataset in splits.values():
             check_columns(dataset, {"image_column": columns[0], "caption_column": columns[1]}, self.path)
+            check_column_kind(dataset, "image_column", columns[0], "images", self.path)
         named = three_splits(splits, self.val_fraction, self.test_fraction, self.seed)
         self.train_captions = [str(caption) for caption in named["train"][self.caption_key]]
         to_float = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]
@@ -271,6 +324,8 @@ class HFParallelTextDataModule(TranslationDataModule):
         columns = {"source_column": self.source_column, "target_column": self.target_column}
         for dataset in splits.values():
             check_columns(dataset, columns, self.path)
+            for key, column in columns.items():
+                check_column_kind(dataset, key, column, "text", self.path)
         named = three_splits(splits, self.val_fraction, self.test_fraction, self.seed)
         return {
             split: ([str(s) for s in column_values(data, self.source_column)],
@@ -319,6 +374,7 @@ class HFSequenceDataModule(TokenSequenceDataModule):
         columns = {"sequence_column": self.sequence_column, "label_column": self.label_column}
         for dataset in splits.values():
             check_columns(dataset, columns, self.path)
+            check_column_kind(dataset, "sequence_column", self.sequence_column, "token sequences", self.path)
         named = three_splits(splits, self.val_fraction, self.test_fraction, self.seed)
         names, class_index = class_names(named, self.label_column)
         if self.num_classes != len(names):

@@ -314,6 +314,24 @@ def usable_split(data_dir: Path, split: str, meta: dict[str, Any], verify: bool,
     return view
 
 
+def corrupt_shard_error(folder: Path, checks: dict[str, dict[str, int]], error: Exception) -> DataError | None:
+    """After litdata failed to read a split (a flipped bit of a chunk of the right size ends in whatever its decoder
+    meets: a KeyError, a struct.error, a reshape): the DataError naming the chunk whose CRC-32 differs, or None when
+    every chunk is as written (then the error is not the shards')."""
+    bad = bad_chunks(folder, checks, verify=True)
+    if not bad:
+        return None
+    name, why = next(iter(bad.items()))
+    path = Path(os.path.realpath(folder / name))  # a skip_bad_shards view links to the chunk itself
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    module, kind = type(error).__module__, type(error).__name__
+    kind = kind if module == "builtins" else f"{module}.{kind}"  # struct.error, not "error"
+    return DataError(
+        f"shard {path} is {why}{more} ({kind} while reading it); convert again, or pass "
+        "data.verify=true data.skip_bad_shards=true to train without it (data.verify=true checks every shard first)"
+    )
+
+
 def streaming_loader_class() -> type:
     """litdata's StreamingDataLoader, restoring its position at the start of the next iteration only.
 
@@ -334,9 +352,10 @@ def streaming_loader_class() -> type:
     class Loader(StreamingDataLoader):
         pending: dict[str, Any] | None = None
 
-        def __init__(self, *args: Any, seed: int = 0, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, seed: int = 0, shards: tuple[Path, dict] | None = None, **kwargs: Any) -> None:
             super().__init__(*args, generator=torch.Generator(), **kwargs)
             self.seed = seed
+            self.shards = shards  # (split folder, its chunks' sizes and CRC-32s): a failed read is checked against them
 
         def load_state_dict(self, obj: dict[str, Any]) -> None:
             self.pending = obj
@@ -349,7 +368,19 @@ def streaming_loader_class() -> type:
                 self.restore = False  # the restored position was used up by the previous iteration: a new epoch
             epoch = self.current_epoch if self.restore else self.current_epoch + 1  # as litdata's __iter__ counts
             self.generator.manual_seed(self.seed * 1_000_003 + epoch)
-            return super().__iter__()
+            return self.checked(super().__iter__())
+
+        def checked(self, batches: Any) -> Any:
+            """The batches; an error of litdata's decoder caused by a corrupt chunk becomes the DataError naming it."""
+            try:
+                yield from batches
+            except (DataError, OSError):
+                raise
+            except Exception as error:
+                found = corrupt_shard_error(*self.shards, error) if self.shards else None
+                if found is None:
+                    raise
+                raise found from error
 
     return Loader
 
@@ -415,6 +446,9 @@ class ShardsDataModule(SplitDataModule):
 
     def stream_loader(self, split: str, collate: Callable[[list[Any]], Any] | None = None) -> Any:
         """A StreamingDataLoader over one split, batches made by `collate` (default: the module's)."""
+        folder = self.split_folder(split)  # without the chunks skip_bad_shards left out
+        chunks = self.meta["splits"][split]["chunks"]
+        checks = {name: check for name, check in chunks.items() if (folder / name).exists()}
         loader = streaming_loader_class()(
             self.dataset(split),
             batch_size=self.batch_size_of(split),
@@ -422,6 +456,7 @@ class ShardsDataModule(SplitDataModule):
             collate_fn=collate or self.collate,
             persistent_workers=False,
             seed=self.seed,
+            shards=(folder, checks),
         )
         if split == "train":
             self.train_loader = loader

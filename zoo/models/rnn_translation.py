@@ -36,6 +36,16 @@ CELLS = ("gru", "lstm")
 ATTENTIONS = ("full", "additive")  # and None: the fixed-vector baseline
 
 
+def cross_attention_ignores(attention: AttentionConfig) -> str:
+    """The first setting that a cross-attention has no use for (positions across two sequences mean nothing), as
+    the override that sets it; "" when there is none."""
+    if attention.rope:
+        return "attention.rope=true (attention=rope)"
+    if attention.position_bias is not None:
+        return f"attention.position_bias={attention.position_bias}"
+    return ""
+
+
 @dataclass
 class RNNTranslationConfig(ModelConfig):
     """Args:
@@ -75,6 +85,12 @@ class RNNTranslationConfig(ModelConfig):
             raise ValueError(
                 f"the RNN decoder's attention={self.attention.variant!r} is not one of its choices: none "
                 f"(model.net.attention=null, the fixed vector), {', '.join(ATTENTIONS)}"
+            )
+        if self.attention is not None and (ignored := cross_attention_ignores(self.attention)):
+            raise ValueError(
+                f"{ignored} would be ignored: the RNN decoder's attention is cross-attention over the encoder states, "
+                "without positions or a position bias; it takes attention=full | additive (with their options, "
+                "dropout, backend) or model.net.attention=null"
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"rnn_translation dropout must be in [0, 1), got {self.dropout!r}")

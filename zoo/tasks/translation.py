@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from zoo.data.parallel_text import decode_ids
 from zoo.data.tokenizers import BOS, EOS, PAD
 from zoo.errors import AttentionPlacement, DataError
-from zoo.models.rnn_translation import RNNTranslation, RNNTranslationConfig
+from zoo.models.rnn_translation import ATTENTIONS, RNNTranslation, RNNTranslationConfig
 from zoo.models.seq2seq import Seq2SeqModel, beam_search, greedy_decode
 from zoo.models.translation import TranslationConfig, TranslationTransformer
 from zoo.tasks.base import ZooTask
@@ -234,8 +234,13 @@ class RNNTranslationTask(TranslationTask):
     family = "rnn_translation"
     takes_lora = False  # recurrent cells and an attention over the encoder states, no Transformer blocks
     attention_placements = (
-        AttentionPlacement(
-            "the decoder's attention over the encoder states", "attention.{option}={value}", False, False
+        AttentionPlacement(  # a cross-attention of the variants the RNN has: no positions across two sequences
+            "the decoder's attention over the encoder states",
+            "attention.{option}={value}",
+            causal=False,
+            grid=False,
+            variants=ATTENTIONS,
+            positions=False,
         ),
     )
     architecture = (RNNTranslation, RNNTranslationConfig)
