@@ -90,6 +90,22 @@ def test_linear_module_trains_a_step() -> None:
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in module.parameters())
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_row_without_attention_mass_is_zero_with_a_finite_gradient(causal: bool) -> None:
+    """ReLU features of a query whose projections are all negative are all zero: phi(q) . z = 0. The row is zero
+    (the numerator is zero too) and the backward stays finite (integrated gradients start from such rows)."""
+    torch.manual_seed(0)
+    module = MultiHeadAttention(8, 2, variant="linear", causal=causal, feature_map="relu")
+    with torch.no_grad():
+        module.in_proj.weight.zero_()
+        module.in_proj.bias.copy_(torch.cat([-torch.ones(8), torch.ones(8), torch.randn(8)]))  # q < 0, k, v
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    out = module(x)
+    torch.testing.assert_close(out, module.out_proj.bias.expand_as(out))  # zero rows, then the output bias
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all() and all(torch.isfinite(p.grad).all() for p in module.parameters())
+
+
 def test_feature_map_is_elu_plus_one_with_its_gradient() -> None:
     x = torch.linspace(-6, 6, 1001, dtype=torch.float64).requires_grad_()
     y = elu_feature_map(x)

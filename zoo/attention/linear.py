@@ -46,11 +46,13 @@ FeatureMap = Callable[[torch.Tensor, bool, "dict | None"], torch.Tensor]
 
 
 def _safe_normaliser(denominator: torch.Tensor) -> torch.Tensor:
-    """phi(q) . z as it is, raised only where it underflows to zero (all features non-negative: the numerator is
-    then zero too, and the row is zero). The paper's code adds eps = 1e-6 instead, which moved every row of small
-    total mass (first causal rows, far keys under FAVOR+) off the formula, by up to 100% (tests/attention/
-    test_favor_unbiased.py)."""
-    return denominator.clamp_min(torch.finfo(denominator.dtype).tiny)
+    """phi(q) . z as it is, replaced by 1 only where it underflows (below the dtype's smallest normal number): with
+    every feature non-negative the numerator is then as small, so such a row comes out (near) zero, and its gradient
+    stays finite (a clamp to the smallest normal would give 1 / tiny, which overflows in the backward of an
+    integrated-gradients path from a zero embedding). The paper's code adds eps = 1e-6 instead, which moved every
+    row of small total mass (first causal rows, far keys under FAVOR+) off the formula, by up to 100%
+    (tests/attention/test_favor_unbiased.py)."""
+    return torch.where(denominator >= torch.finfo(denominator.dtype).tiny, denominator, 1.0)
 
 
 def _fresh(workspace: None, name: str, shape: tuple[int, ...], like: torch.Tensor) -> None:
