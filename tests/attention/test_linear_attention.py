@@ -98,7 +98,7 @@ def test_a_row_without_attention_mass_is_zero_with_a_finite_gradient(causal: boo
     module = MultiHeadAttention(8, 2, variant="linear", causal=causal, feature_map="relu")
     with torch.no_grad():
         module.in_proj.weight.zero_()
-        module.in_proj.bias.copy_(torch.cat([-torch.ones(8), torch.ones(8), torch.randn(8)]))  # q < 0, k, v
+        module.in_proj.bias.copy_(torch.cat([-torch.ones(8), torch.ones(8), 10 * torch.randn(8)]))  # q < 0, k, v
     x = torch.randn(2, 5, 8, requires_grad=True)
     out = module(x)
     torch.testing.assert_close(out, module.out_proj.bias.expand_as(out))  # zero rows, then the output bias
