@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,66 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     helpers.END_TO_END_ALLOWED = config.getoption("--e2e")
     weight = Counter(item.path for item in items if item.get_closest_marker(E2E))
     items.sort(key=lambda item: -weight[item.path])
+
+
+# -- the trained runs the end-to-end tests share ------------------------------------------------------------
+QUIET_RUN = [
+    "print_config=false",
+    "logger=csv",
+    "callbacks.rich_progress_bar=null",
+    "callbacks.rich_model_summary=null",
+]
+TRAINED = {
+    # the README's example run: the main job's model (its docs resume it as is), one batch, no test
+    "vit_example": ["model=vit", "trainer.max_epochs=1", "+trainer.limit_train_batches=1",
+                    "trainer.limit_val_batches=1", "test=false"],
+    # small models trained for two batches, whose checkpoints the inference modes read
+    "vit_small": ["model=vit", "model.net.dim=16", "model.net.depth=2", "model.net.num_heads=2",
+                  "model.net.mlp_dim=32", "trainer.max_epochs=1", "+trainer.limit_train_batches=2",
+                  "trainer.limit_val_batches=1", "test=false"],
+    "clip_small": ["model=clip", "model.net.embed_dim=16", "model.net.image.dim=16", "model.net.image.depth=1",
+                   "model.net.image.num_heads=2", "model.net.image.mlp_dim=32", "model.net.text.dim=16",
+                   "model.net.text.depth=1", "model.net.text.num_heads=2", "model.net.text.mlp_dim=32",
+                   "trainer.max_epochs=1", "+trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+                   "test=false"],
+}  # fmt: skip
+
+
+@dataclass
+class TrainedRun:
+    folder: Path  # the run folder (checkpoints/, examples/, csv/ ...): read it, copy it to change it
+    stdout: str  # what the run printed
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.folder / "checkpoints" / "last.ckpt"
+
+    def copy_to(self, folder: Path) -> Path:
+        """A copy of the run folder at `folder`, for a test that changes or resumes it."""
+        shutil.copytree(self.folder, folder)
+        return folder
+
+
+class TrainedRuns:
+    """The runs of TRAINED, each trained through run.py the first time a test asks for it and kept for the
+    session (per pytest-xdist worker): the README, mode and error tests share them instead of training their own."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.runs = root, {}
+
+    def __getitem__(self, name: str) -> TrainedRun:
+        if name not in self.runs:
+            folder = self.root / name
+            code, out, err = helpers.run_in_process([*TRAINED[name], *QUIET_RUN, f"hydra.run.dir={folder}"])
+            assert code == 0, (out + err)[-3000:]
+            self.runs[name] = TrainedRun(folder, out)
+        return self.runs[name]
+
+
+@pytest.fixture(scope="session")
+def trained_runs(tmp_path_factory: pytest.TempPathFactory) -> TrainedRuns:
+    """The shared trained runs (TRAINED), made on first use."""
+    return TrainedRuns(tmp_path_factory.mktemp("trained"))
 
 
 @pytest.fixture

@@ -160,16 +160,13 @@ def test_the_readme_has_the_commands_this_test_reads() -> None:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Tiny data, a finished one-epoch ViT run standing in for the README's example run directory, and a
-    stand-in checkpoint of every other family (random weights) for `<... checkpoint>`."""
+def world(tmp_path_factory: pytest.TempPathFactory, trained_runs) -> dict:
+    """Tiny data, a finished one-epoch ViT run standing in for the README's example run directory (a copy of the
+    session's trained example run, tests/conftest.py), and a stand-in checkpoint of every other family (random
+    weights) for `<... checkpoint>`."""
     root = tmp_path_factory.mktemp("readme")
     data = tiny_datasets(root / "data")
-    run = root / "outputs" / "vit" / "2025-01-31_12-00-00"
-    code, out, err = run_in_process(["model=vit", "trainer.max_epochs=1", "+trainer.limit_train_batches=1",
-                                     "print_config=false", "trainer.limit_val_batches=1", "logger=csv", "test=false",
-                                     f"hydra.run.dir={run}"])  # fmt: skip
-    assert code == 0, (out + err)[-3000:]
+    run = trained_runs["vit_example"].copy_to(root / "outputs" / "vit" / "2025-01-31_12-00-00")
     # The run wrote a test image of each of the 10 classes; three still make `inputs=<images>` a folder of
     # several, and every command reading it (predict, attention maps, explain) draws a figure per image.
     for image in sorted((run / "examples").iterdir())[3:]:

@@ -19,11 +19,6 @@ from zoo.data.images import DigitsDataModule
 from zoo.export import save_folder
 
 QUIET = ["print_config=false", "logger=csv", "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
-ONE_EPOCH = ["trainer.max_epochs=1", "+trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
-VIT = ["model=vit", "model.net.dim=16", "model.net.depth=2", "model.net.num_heads=2", "model.net.mlp_dim=32"]
-CLIP = ["model=clip", "model.net.embed_dim=16", "model.net.image.dim=16", "model.net.image.depth=1",
-        "model.net.image.num_heads=2", "model.net.image.mlp_dim=32", "model.net.text.dim=16", "model.net.text.depth=1",
-        "model.net.text.num_heads=2", "model.net.text.mlp_dim=32"]  # fmt: skip
 
 
 def run(args: list[str], run_dir: Path, capsys) -> str:
@@ -38,15 +33,14 @@ def rows(path: Path) -> list[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """A ViT and a CLIP trained for two batches through run.py; a GPT and a translation model as checkpoints."""
+def world(tmp_path_factory: pytest.TempPathFactory, trained_runs) -> dict:
+    """A ViT and a CLIP trained for two batches through run.py (the session's, tests/conftest.py); a GPT and a
+    translation model as checkpoints."""
     root = tmp_path_factory.mktemp("modes")
     out = {}
-    for name, args in (("vit", [*VIT, *ONE_EPOCH, "test=false"]), ("clip", [*CLIP, *ONE_EPOCH, "test=false"])):
-        code, stdout, stderr = run_in_process([*args, *QUIET, f"hydra.run.dir={root / name}"])
-        assert code == 0, (stdout + stderr)[-3000:]
-        out[name] = root / name / "checkpoints" / "last.ckpt"
-        out[f"{name}_stdout"] = stdout
+    for name in ("vit", "clip"):
+        trained = trained_runs[f"{name}_small"]
+        out[name], out[f"{name}_stdout"] = trained.checkpoint, trained.stdout
     out["gpt"] = as_checkpoint(tiny_model("gpt"), root / "gpt.ckpt")
     out["translation"] = as_checkpoint(tiny_model("translation"), root / "translation.ckpt")
     out["sequence_classifier"] = as_checkpoint(tiny_model("sequence_classifier"), root / "sequence_classifier.ckpt")
