@@ -36,8 +36,10 @@ CORPUS_VOCAB, OTHER_VOCAB = (train_tokenizer("char", [text]).get_vocab_size() fo
 
 
 def snapshot(root: Path) -> dict[str, str]:
+    """Every file (its bytes' hash) and folder ("folder") under `root`, by relative path."""
     return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "folder"
+        for p in root.rglob("*")
     }
 
 
@@ -187,6 +189,8 @@ def test_a_null_config_group_is_one_line_naming_the_override_that_works(args, fr
     ("args", "fragments"), [pytest.param(*case[1:3], id=case[0], marks=case[3:]) for case in CASES]
 )
 def test_bad_input_gets_one_line_exit_2_and_harms_nothing(world, args, fragments, capsys) -> None:
+    """Every folder a case names (the outputs root and its runs, checkpoints, the data files) is under world's
+    root: after the refusal it holds the same files with the same bytes, and no new file or folder (no run)."""
     before = snapshot(world["root"])
     args = [a.format(**{k: str(v) for k, v in world.items()}) for a in args]
     code, out, err = run_cli([*args, *QUIET, f"paths.log_dir={world['outputs']}"], capsys)
@@ -198,6 +202,7 @@ def test_bad_input_gets_one_line_exit_2_and_harms_nothing(world, args, fragments
         assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
     after = snapshot(world["root"])
     assert {k: after.get(k) for k in before} == before  # every earlier file is still there, unchanged
+    assert sorted(set(after) - set(before)) == []  # and nothing new: no run folder, no log, no cache
     assert not (world["files"] / "code_ran").exists()
 
 
@@ -219,13 +224,37 @@ def test_refused_runs_leave_no_file_behind_not_even_in_the_run_they_refuse(world
     (world["files"] / "clip_without_tokenizer" / "config.json").write_text("{}")
     names = {k: str(v) for k, v in world.items()} | {"vit_run": str(world["vit"].parents[1])}
     before = snapshot(world["root"])
-    folders = {p for p in world["root"].rglob("*") if p.is_dir()}
     for name, args in REFUSALS:
         args = [a.format(**names) for a in args]
         code, out, err = run_cli([*args, "print_config=false", f"paths.log_dir={world['outputs']}"], capsys)
         assert code == 2 and err.strip().splitlines()[-1].startswith("error: "), (name, (out + err)[-3000:])
-        assert snapshot(world["root"]) == before, name  # no file appeared, none changed (run.log included)
-        assert {p for p in world["root"].rglob("*") if p.is_dir()} == folders, name  # nor any folder
+        assert snapshot(world["root"]) == before, name  # no file or folder appeared, none changed (run.log included)
+
+
+# A resume of a run with a configuration its checkpoint does not fit. GPT builds its network from the data's
+# vocabulary, so Lightning's own check came only inside fit, after the CSV logger had deleted the run's
+# metrics.csv and TensorBoard had opened a new event file in it; the check now sees the whole network before fit.
+RESUMES_THAT_DO_NOT_FIT = [
+    ("gpt", ["attention=additive"], "net.blocks.0.self_attn.kernel.score_vectors"),  # another attention variant
+    ("gpt", ["attention.kv_heads=1"], "net.blocks.0.self_attn.in_proj.weight is (48, 16) in the checkpoint"),
+    ("vit", ["attention.kv_heads=1"], "in_proj.weight is (48, 16) in the checkpoint but (32, 16) here"),
+]
+
+
+@pytest.mark.parametrize(
+    ("family", "changes", "fragment"),
+    RESUMES_THAT_DO_NOT_FIT,
+    ids=[f"{f}-{c[0]}" for f, c, _ in RESUMES_THAT_DO_NOT_FIT],
+)
+def test_a_refused_resume_leaves_the_run_it_refuses_byte_for_byte(world, family, changes, fragment, capsys) -> None:
+    run = world[family].parents[1]
+    before = snapshot(world["root"])
+    # logger=default: CSV and TensorBoard, both writing into the run's folder when they start
+    code, out, err = run_cli([f"auto_resume={run}", *changes, "logger=default", "print_config=false"], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (out + err)[-3000:]
+    assert "does not fit the configured model" in lines[0] and fragment in lines[0], lines[0]
+    assert snapshot(world["root"]) == before  # the run: same files, same bytes, no new file or folder
 
 
 def test_hydra_full_error_shows_the_traceback(world, capsys, monkeypatch) -> None:

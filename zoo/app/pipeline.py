@@ -42,12 +42,12 @@ from zoo.app.secrets import redact, redacted
 from zoo.attention import kernel_notices
 from zoo.data.samples import lost_worker
 from zoo.errors import CheckpointError, MachineFault, UsageError, storage_failure
+from zoo.tasks.base import ZooTask
 from zoo.training.banners import silence_banners
 from zoo.training.callbacks import CheckpointOnInterrupt, ResumeState, StopOnNonFiniteLoss, checkpoint_folder
 from zoo.training.checkpoints import (
     AtomicCheckpointIO,
     check_task,
-    check_weights,
     last_good_checkpoint_note,
     newest_intact_checkpoint,
     storage_fault,
@@ -133,7 +133,7 @@ def checkpoint_dir(cfg: DictConfig) -> Path:
     return Path(dirpath) if dirpath else Path(cfg.paths.output_dir) / "checkpoints"
 
 
-def prepare_checkpoint(cfg: DictConfig, task: torch.nn.Module | None = None) -> str | None:
+def prepare_checkpoint(cfg: DictConfig, task: ZooTask | None = None) -> str | None:
     """The checkpoint this run starts from, checked: `ckpt_path=last` and `auto_resume=true` pick this run
     directory's last.ckpt (auto_resume falls back to the newest intact checkpoint of the run when last.ckpt is
     truncated or corrupt, and says which it took); the file must load safely and belong to the configured model
@@ -160,7 +160,7 @@ def prepare_checkpoint(cfg: DictConfig, task: torch.nn.Module | None = None) -> 
     checkpoint = checkpoint or read_checkpoint(requested)
     check_task(checkpoint, cfg.model._target_, str(requested), cfg.get("task_name"))
     if task is not None:
-        check_weights(checkpoint, task, str(requested))
+        task.check_checkpoint(checkpoint, str(requested))
     return str(requested)
 
 
@@ -202,10 +202,13 @@ def train_and_test(cfg: DictConfig) -> dict[str, float]:
     test_checkpoint(cfg)  # a bad choice fails before training, not after
     datamodule, task, trainer = build(cfg)
     metrics: dict[str, float] = {}
-    ckpt_path = prepare_checkpoint(cfg, task)
-    # The data is read now (Lightning's own setup call then finds it done): a bad file is answered before the
-    # config is printed and before any logger writes into the run directory.
+    # The data is read now (Lightning's own setup call then finds it done) and the network takes from it what it
+    # is built with (GPT: the vocabulary), so that a bad file, and a checkpoint that does not fit the whole
+    # network, are answered before the config is printed and before any logger writes into the run directory
+    # (the CSV logger deletes a resumed run's metrics.csv as it starts, TensorBoard opens a new event file).
     datamodule.setup("fit" if cfg.get("train", True) else "test")
+    task.take_data(datamodule)
+    ckpt_path = prepare_checkpoint(cfg, task)
     if cfg.get("print_config") is not False:  # null (the default) or true: training shows its config
         print_config_tree(cfg)
     if cfg.get("train", True):

@@ -142,6 +142,16 @@ class ZooTask(L.LightningModule):
         """The trainer's datamodule, None outside a Trainer."""
         return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
 
+    # -- before fit: everything a checkpoint is checked against --------------------------------------
+    def take_data(self, datamodule: Any) -> None:
+        """Take from the set-up data what the network is built with (GPT: the vocabulary), so that a checkpoint is
+        checked against the whole network before fit, before any logger writes into the run directory. Nothing
+        here; tasks whose network waits for the data override it and call it from setup()."""
+
+    def check_checkpoint(self, checkpoint: dict[str, Any], path: str) -> None:
+        """Refuse a checkpoint this task cannot start from (weights of another shape), naming the first misfit."""
+        check_weights(checkpoint, self, path)
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if checkpoint.get(ADAPTERS_ONLY) and getattr(self, "net", None) is not None:
             checkpoint["state_dict"] = {**self.state_dict(), **checkpoint["state_dict"]}  # the base, from itself
@@ -154,8 +164,8 @@ class ZooTask(L.LightningModule):
         if "tokenizer" in checkpoint:
             self.restore_tokenizer(tokenizer_from_string(checkpoint["tokenizer"]))
         if self._trainer is not None and not isinstance(self.trainer.strategy, FSDPStrategy):  # FSDP: sharded
-            # Before Lightning loads the weights: a checkpoint of another shape is one line, also for networks
-            # built in setup() from the data (GPT), which the check before fit could not see yet.
+            # Before Lightning loads the weights: a checkpoint of another shape is one line also where fit is called
+            # without zoo's pipeline (which checks before fit, zoo.app.pipeline.prepare_checkpoint).
             check_weights(checkpoint, self, str(self.trainer.ckpt_path))
 
     def restore_tokenizer(self, tokenizer: Any) -> None:

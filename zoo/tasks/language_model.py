@@ -18,7 +18,7 @@ import torchmetrics
 from lightning.pytorch.utilities import rank_zero_only
 from tokenizers import Tokenizer
 
-from zoo.data.tokenizers import encode_text, tokenizer_kind, tokenizer_to_string
+from zoo.data.tokenizers import encode_text, tokenizer_from_string, tokenizer_kind, tokenizer_to_string
 from zoo.errors import AttentionPlacement, CheckpointError
 from zoo.models.gpt import GPT, GPTConfig, SamplingConfig
 from zoo.tasks.base import ZooTask
@@ -90,7 +90,11 @@ class LanguageModelTask(ZooTask):
 
     # -- model and tokenizer from the data ------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        self.take_data(getattr(self.trainer, "datamodule", None) if self._trainer is not None else None)
+
+    def take_data(self, datamodule: Any) -> None:
+        """The data's tokenizer, and the network built with its vocabulary (unless a checkpoint's hparams or a
+        pretrained model built it already); the run's pipeline calls this before fit, Lightning's setup again."""
         if self.tokenizer is not None and hasattr(datamodule, "use_tokenizer"):  # pretrained: speak its language
             datamodule.use_tokenizer(self.tokenizer)
         tokenizer = getattr(datamodule, "tokenizer", None)
@@ -125,16 +129,25 @@ class LanguageModelTask(ZooTask):
     def _adopt_tokenizer(self, tokenizer: Tokenizer, source: str) -> None:
         """Take `tokenizer` (from `source`: "data" or "checkpoint"), unless the model already has a different
         one from the other side: a checkpoint/data mismatch."""
+        self._refuse_other_tokenizer(tokenizer, source)
+        self.tokenizer = tokenizer
+
+    def _refuse_other_tokenizer(self, tokenizer: Tokenizer, source: str) -> None:
         if self.tokenizer is not None and tokenizer_to_string(tokenizer) != tokenizer_to_string(self.tokenizer):
             trained, data = (tokenizer, self.tokenizer) if source == "checkpoint" else (self.tokenizer, tokenizer)
             raise ValueError(
                 f"tokenizer mismatch: the checkpoint was trained with a {describe(trained)} tokenizer, the data has "
                 f"a {describe(data)} one; use the data and data.tokenizer of the training run"
             )
-        self.tokenizer = tokenizer
 
     def restore_tokenizer(self, tokenizer: Tokenizer) -> None:
         self._adopt_tokenizer(tokenizer, source="checkpoint")
+
+    def check_checkpoint(self, checkpoint: dict[str, Any], path: str) -> None:
+        """A checkpoint of another tokenizer is named as such before its embedding's shape would be."""
+        if "tokenizer" in checkpoint:
+            self._refuse_other_tokenizer(tokenizer_from_string(checkpoint["tokenizer"]), source="checkpoint")
+        super().check_checkpoint(checkpoint, path)
 
     # -- training and evaluation ----------------------------------------------------------------------
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
