@@ -147,8 +147,9 @@ def test_fresh_hashes_in_training_fixed_by_the_seed_in_evaluation() -> None:
     assert not torch.equal(kernel.rotations(2, 8, torch.device("cpu")), kernel.rotations(2, 8, torch.device("cpu")))
 
 
-def test_a_token_attends_to_itself_only_when_nothing_else_is_visible() -> None:
-    kernel = lsh_kernel(hashes=1, buckets=2, chunk=64)
+@pytest.mark.parametrize("chunk_keys", ["chunk", "bucket"])
+def test_a_token_attends_to_itself_only_when_nothing_else_is_visible(chunk_keys) -> None:
+    kernel = lsh_kernel(hashes=1, buckets=2, chunk=64, chunk_keys=chunk_keys)
     q = torch.randn(1, 1, 10, 8)
     _, weights = kernel(q, q, torch.randn(1, 1, 10, 8), causal=True, need_weights=True)
     assert weights[0, 0, 0, 0] == 1  # the first token sees nothing else
@@ -157,10 +158,20 @@ def test_a_token_attends_to_itself_only_when_nothing_else_is_visible() -> None:
     assert ((diagonal == 0) | (others == 0)).all() and (diagonal[1:] == 0).any()
 
 
-def test_causal_lsh_is_causal_and_decoding_equals_the_forward() -> None:
+@pytest.mark.parametrize("chunk_keys", ["chunk", "bucket"])
+def test_causal_lsh_is_causal_and_decoding_equals_the_forward(chunk_keys) -> None:
     torch.manual_seed(0)
     module = MultiHeadAttention(
-        32, 4, variant="lsh", causal=True, kv_heads=2, rope=True, hashes=2, buckets=4, chunk_size=4
+        32,
+        4,
+        variant="lsh",
+        causal=True,
+        kv_heads=2,
+        rope=True,
+        hashes=2,
+        buckets=4,
+        chunk_size=4,
+        chunk_keys=chunk_keys,
     ).eval()
     x = torch.randn(2, 30, 32)
     whole = module(x)
@@ -186,6 +197,8 @@ def test_options_are_checked_in_one_line() -> None:
         AttentionConfig(variant="lsh", buckets=3)
     with pytest.raises(ValueError, match="hashes.*positive int"):
         AttentionConfig(variant="lsh", hashes=0)
+    with pytest.raises(ValueError, match="chunk_keys.*'pair'.*valid choices: bucket, chunk"):
+        AttentionConfig(variant="lsh", chunk_keys="pair")
 
 
 def test_bf16_training_gives_the_float32_function_within_bf16_rounding() -> None:

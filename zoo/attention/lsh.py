@@ -70,7 +70,10 @@ class LSHAttention(Kernel):
     name = "lsh"
     supports_position_bias = True
     groups_as_repeated_heads = False  # the keys are the queries (shared QK)
-    example_options = ({"hashes": 2, "buckets": 4, "chunk_size": 4},)
+    example_options = (
+        {"hashes": 2, "buckets": 4, "chunk_size": 4},
+        {"hashes": 2, "buckets": 4, "chunk_size": 4, "chunk_keys": "bucket"},
+    )
 
     def __init__(
         self,
