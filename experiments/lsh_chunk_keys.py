@@ -3,9 +3,9 @@
 Unstructured inputs: random Gaussian queries (the keys are the normalised queries: shared QK) and values. For
 each setting, rounds and causality, the mean over rows of the cosine between LSH's output row and exact
 shared-QK attention's (a token attends to itself only when nothing else is visible, as in LSH), with the kernel's
-forward time beside it (one torch thread, the fastest of --repeats). Reformer's own pattern (the whole sequence sorted by bucket, cut into chunks, each seeing
-itself and the previous chunk) is given densely for comparison, bidirectional only (causal, its chunks depend on
-later tokens). Prints a markdown table.
+forward time beside it (one torch thread, the fastest of --repeats). Reformer's own pattern (the whole sequence
+sorted by bucket, cut into chunks, each seeing itself and the previous chunk) is given densely for comparison,
+bidirectional only (causal, its chunks depend on later tokens). Prints a markdown table.
 
     python experiments/lsh_chunk_keys.py --length 2048 --rounds 4 8
 """

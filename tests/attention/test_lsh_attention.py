@@ -64,8 +64,9 @@ def chunk_pair_mask(buckets: list[int], num_buckets: int, chunk: int, causal: bo
 
 def dense_multi_round_lsh(q, v, buckets, chunk, causal, padding, bias=None, chunk_keys="bucket", num_buckets=4):
     """Reformer's multi-round LSH attention written densely: per round r the mask P_r (own or previous chunk:
-    the bucket's keys, or with chunk_keys=chunk every key of the pair; causal, padding, self only if nothing else), out_r = softmax(q k^T / sqrt(d) + P_r) v with
-    k = q / |q|, lse_r = logsumexp of the row; out = sum_r exp(lse_r - logsumexp_r(lse_r)) out_r."""
+    the bucket's keys, or with chunk_keys=chunk every key of the pair; causal, padding, self only if nothing
+    else), out_r = softmax(q k^T / sqrt(d) + P_r) v with k = q / |q|, lse_r = logsumexp of the row;
+    out = sum_r exp(lse_r - logsumexp_r(lse_r)) out_r."""
     batch, heads, length, dim = q.shape
     k = q / q.norm(dim=-1, keepdim=True)
     groups = heads // v.shape[1]
