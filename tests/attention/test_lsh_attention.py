@@ -1,6 +1,8 @@
 """LSH attention (Kitaev et al. 2020): given the hashes, each round is softmax attention under the mask the
-definition gives (built here with loops: same bucket, own or previous chunk of the bucket's run, causal, no
-self unless nothing else), and the rounds combine by their log-sum-exps, written densely here; outputs and
+definition gives (built here with loops from the sort by bucket: own or previous chunk of the bucket's run, with
+chunk_keys=bucket only the bucket's keys, with chunk_keys=chunk every key of the pair, a bucket's first chunk
+paired with the previous bucket's first; causal, no self unless nothing else), and the rounds combine by their
+log-sum-exps, written densely here; outputs and
 input gradients at 1e-5 (fp32) / 1e-10 (fp64), with and without an ALiBi bias, under both settings of the
 fast-kernels switch (fast: the fused rounds, in training too). The hash of a rotated vector; fresh hashes in
 training, seeded in evaluation; causality; decoding equals the forward."""
@@ -28,8 +30,8 @@ def fused_rounds_at_every_chunk(monkeypatch) -> None:
     monkeypatch.setattr(fast_clustered, "FUSED_MIN_CHUNK", 1)
 
 
-def lsh_kernel(hashes: int, buckets: int, chunk: int) -> LSHAttention:
-    kernel = LSHAttention(hashes=hashes, buckets=buckets, chunk_size=chunk, seed=5)
+def lsh_kernel(hashes: int, buckets: int, chunk: int, chunk_keys: str = "chunk") -> LSHAttention:
+    kernel = LSHAttention(hashes=hashes, buckets=buckets, chunk_size=chunk, chunk_keys=chunk_keys, seed=5)
     kernel.setup(TokenLayout())
     return kernel.eval()
 
@@ -43,10 +45,28 @@ def textbook_buckets(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     return torch.stack(rounds)
 
 
-def dense_multi_round_lsh(q, v, buckets, chunk, causal, padding, bias=None):
-    """Reformer's multi-round LSH attention written densely: per round r the mask P_r (same bucket, own or
-    previous chunk, causal, padding, self only if nothing else), out_r = softmax(q k^T / sqrt(d) + P_r) v with
-    k = q / |q|, lse_r = logsumexp of the row; out = sum_r exp(lse_r - logsumexp_r(lse_r)) out_r."""
+def chunk_pair_mask(buckets: list[int], num_buckets: int, chunk: int, causal: bool) -> torch.Tensor:
+    """(n, n) for chunk_keys=chunk: the tokens sorted by (bucket, position), each bucket's run cut into chunks of
+    `chunk` from its first token; i sees every key of its chunk and of the previous one, which is the chunk before
+    it in its bucket or, for a bucket's first chunk, the first chunk of bucket b - 1 (mod buckets)."""
+    length = len(buckets)
+    ordered = sorted(range(length), key=lambda t: (buckets[t], t))
+    runs = {b: [t for t in ordered if buckets[t] == b] for b in range(num_buckets)}
+    chunks = {(b, c): run[c * chunk : (c + 1) * chunk] for b, run in runs.items() for c in range(-(-len(run) // chunk))}
+    allowed = torch.zeros(length, length, dtype=torch.bool)
+    for (b, c), members in chunks.items():
+        previous = chunks.get((b, c - 1), []) if c else chunks.get(((b - 1) % num_buckets, 0), [])
+        for i in members:
+            for j in members + previous:
+                allowed[i, j] = j <= i or not causal
+    return allowed
+
+
+def dense_multi_round_lsh(q, v, buckets, chunk, causal, padding, bias=None, chunk_keys="bucket", num_buckets=4):
+    """Reformer's multi-round LSH attention written densely: per round r the mask P_r (own or previous chunk:
+    the bucket's keys, or with chunk_keys=chunk every key of the pair; causal, padding, self only if nothing
+    else), out_r = softmax(q k^T / sqrt(d) + P_r) v with k = q / |q|, lse_r = logsumexp of the row;
+    out = sum_r exp(lse_r - logsumexp_r(lse_r)) out_r."""
     batch, heads, length, dim = q.shape
     k = q / q.norm(dim=-1, keepdim=True)
     groups = heads // v.shape[1]
@@ -59,7 +79,10 @@ def dense_multi_round_lsh(q, v, buckets, chunk, causal, padding, bias=None):
         mask = torch.zeros(batch, heads, length, length, dtype=torch.bool)
         for b in range(batch):
             for h in range(heads):
-                allowed = chunked_cluster_mask(round_buckets[b, h].tolist(), chunk, causal)
+                if chunk_keys == "chunk":
+                    allowed = chunk_pair_mask(round_buckets[b, h].tolist(), num_buckets, chunk, causal)
+                else:
+                    allowed = chunked_cluster_mask(round_buckets[b, h].tolist(), chunk, causal)
                 if padding is not None:
                     allowed &= ~padding[b][None, :]
                 for i in range(length):
@@ -83,8 +106,9 @@ def dense_multi_round_lsh(q, v, buckets, chunk, causal, padding, bias=None):
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("chunk", [4, 32])  # 32: longer than every bucket (the kernel shrinks it)
 @pytest.mark.parametrize("biased", [False, True])
-def test_lsh_matches_the_dense_multi_round_formula(dtype, tolerance, causal, padded, chunk, biased) -> None:
-    kernel = lsh_kernel(hashes=3, buckets=4, chunk=chunk)
+@pytest.mark.parametrize("chunk_keys", ["chunk", "bucket"])
+def test_lsh_matches_the_dense_multi_round_formula(dtype, tolerance, causal, padded, chunk, biased, chunk_keys) -> None:
+    kernel = lsh_kernel(hashes=3, buckets=4, chunk=chunk, chunk_keys=chunk_keys)
     generator = torch.Generator().manual_seed(11)
     length = 27
     q = torch.randn(2, 4, length, 8, generator=generator, dtype=dtype, requires_grad=True)
@@ -96,7 +120,7 @@ def test_lsh_matches_the_dense_multi_round_formula(dtype, tolerance, causal, pad
     rotations = kernel.rotations(4, 8, q.device).to(dtype)
     buckets = textbook_buckets(q.detach(), rotations)
     torch.testing.assert_close(lsh_buckets(q.detach(), rotations), buckets)
-    expected = dense_multi_round_lsh(q, v, buckets, chunk, causal, padding, bias)
+    expected = dense_multi_round_lsh(q, v, buckets, chunk, causal, padding, bias, chunk_keys)
     torch.testing.assert_close(out, expected, atol=tolerance, rtol=tolerance)
     grad = torch.randn(out.shape, generator=generator, dtype=dtype)
     for got, want in zip(torch.autograd.grad(out, (q, v), grad), torch.autograd.grad(expected, (q, v), grad)):
@@ -124,8 +148,9 @@ def test_fresh_hashes_in_training_fixed_by_the_seed_in_evaluation() -> None:
     assert not torch.equal(kernel.rotations(2, 8, torch.device("cpu")), kernel.rotations(2, 8, torch.device("cpu")))
 
 
-def test_a_token_attends_to_itself_only_when_nothing_else_is_visible() -> None:
-    kernel = lsh_kernel(hashes=1, buckets=2, chunk=64)
+@pytest.mark.parametrize("chunk_keys", ["chunk", "bucket"])
+def test_a_token_attends_to_itself_only_when_nothing_else_is_visible(chunk_keys) -> None:
+    kernel = lsh_kernel(hashes=1, buckets=2, chunk=64, chunk_keys=chunk_keys)
     q = torch.randn(1, 1, 10, 8)
     _, weights = kernel(q, q, torch.randn(1, 1, 10, 8), causal=True, need_weights=True)
     assert weights[0, 0, 0, 0] == 1  # the first token sees nothing else
@@ -134,10 +159,20 @@ def test_a_token_attends_to_itself_only_when_nothing_else_is_visible() -> None:
     assert ((diagonal == 0) | (others == 0)).all() and (diagonal[1:] == 0).any()
 
 
-def test_causal_lsh_is_causal_and_decoding_equals_the_forward() -> None:
+@pytest.mark.parametrize("chunk_keys", ["chunk", "bucket"])
+def test_causal_lsh_is_causal_and_decoding_equals_the_forward(chunk_keys) -> None:
     torch.manual_seed(0)
     module = MultiHeadAttention(
-        32, 4, variant="lsh", causal=True, kv_heads=2, rope=True, hashes=2, buckets=4, chunk_size=4
+        32,
+        4,
+        variant="lsh",
+        causal=True,
+        kv_heads=2,
+        rope=True,
+        hashes=2,
+        buckets=4,
+        chunk_size=4,
+        chunk_keys=chunk_keys,
     ).eval()
     x = torch.randn(2, 30, 32)
     whole = module(x)
@@ -163,6 +198,8 @@ def test_options_are_checked_in_one_line() -> None:
         AttentionConfig(variant="lsh", buckets=3)
     with pytest.raises(ValueError, match="hashes.*positive int"):
         AttentionConfig(variant="lsh", hashes=0)
+    with pytest.raises(ValueError, match="chunk_keys.*'pair'.*valid choices: bucket, chunk"):
+        AttentionConfig(variant="lsh", chunk_keys="pair")
 
 
 def test_bf16_training_gives_the_float32_function_within_bf16_rounding() -> None:

@@ -65,14 +65,25 @@ def cluster_ranks(clusters: torch.Tensor, num_clusters: int) -> torch.Tensor:
     return (one_hot.cumsum(dim=1) - one_hot).gather(2, clusters[..., None])[..., 0]
 
 
-def dense_cluster_mask(clusters: torch.Tensor, num_clusters: int, chunk: int, q_len: int, causal: bool):
-    """(N, n) cluster ids -> (N, q_len, n) bool: the pattern above for the last q_len tokens as queries."""
+def dense_cluster_mask(
+    clusters: torch.Tensor, num_clusters: int, chunk: int, q_len: int, causal: bool, across_clusters: bool = False
+):
+    """(N, n) cluster ids -> (N, q_len, n) bool: the pattern above for the last q_len tokens as queries
+    (`across_clusters`: and a cluster's first chunk sees the previous cluster's first chunk whole)."""
     length = clusters.shape[1]
     block = cluster_ranks(clusters, num_clusters) // chunk
     query_clusters, query_blocks = clusters[:, length - q_len :, None], block[:, length - q_len :, None]
     allowed = (query_clusters == clusters[:, None, :]) & (
         (block[:, None, :] == query_blocks) | (block[:, None, :] == query_blocks - 1)
     )
+    if across_clusters:
+        previous = (query_clusters - 1) % num_clusters
+        allowed = allowed | (
+            (query_blocks == 0)
+            & (previous != query_clusters)
+            & (clusters[:, None, :] == previous)
+            & (block[:, None, :] == 0)
+        )
     if causal:
         allowed = allowed & torch.ones(q_len, length, dtype=torch.bool, device=clusters.device).tril(length - q_len)
     return allowed
@@ -101,6 +112,8 @@ class Chunks(NamedTuple):
     key_mask: torch.Tensor  # (N, M, 2C) additive: the keys each chunk may use (-inf: empty, padded, other cluster)
     has_key: torch.Tensor  # (N, M, C): the slot's query sees at least one key (an empty slot sees none)
     self_blocked: torch.Tensor | None  # (N, M, C): no_self's rule hides the query's own key
+    previous_tokens: torch.Tensor  # (N, M, C): the token at each key slot of the previous chunk, -1 where none
+    previous_later: torch.Tensor | None  # (N, M, C, C): causal across clusters, a previous key after the query
     token_at: torch.Tensor  # (N, M * C): the token in each slot, -1 where empty
     slots: torch.Tensor  # (N, n): each token's slot
     shape: torch.Size  # q's (B, H, n, D)
@@ -117,8 +130,13 @@ def chunk_layout(
     causal: bool,
     key_padding_mask: torch.Tensor | None = None,
     no_self: bool = False,
+    across_clusters: bool = False,
 ) -> Chunks:
-    """q, k, v (B, H, n, D), clusters (B, H, n) -> the chunks and which keys each may use (`Chunks`)."""
+    """q, k, v (B, H, n, D), clusters (B, H, n) -> the chunks and which keys each may use (`Chunks`).
+
+    `across_clusters`: a cluster's first chunk takes as its previous chunk the first chunk of cluster c - 1 (mod
+    the clusters), all of whose keys it sees (LSH's chunk_keys=chunk, zoo/attention/lsh.py); the keys are then
+    gathered per chunk, not a strided window."""
     batch, heads, length, dim = q.shape
     rows = batch * heads
     slots, total, chunk = cluster_slots(clusters.reshape(rows, length), num_clusters, chunk)
@@ -134,10 +152,6 @@ def chunk_layout(
     def lay_out(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (N * M, C, D) by slot
         return x.reshape(rows * length, x.shape[-1]).index_select(0, flat).view(-1, chunk, x.shape[-1])
 
-    def with_previous(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (N * M, 2C, D): previous + own chunk
-        x = F.pad(x.reshape(rows * length, x.shape[-1]), (0, 0, 0, 1))  # row rows * n: zeros
-        return x.index_select(0, flat_with_zeros).unfold(0, 2 * chunk, chunk).transpose(1, 2)
-
     real = (token_at >= 0).view(rows, -1, chunk)  # (N, M, C)
     usable = real
     if key_padding_mask is not None:
@@ -146,10 +160,32 @@ def chunk_layout(
     chunk_cluster = clusters.reshape(rows, length).gather(1, index[:, ::chunk])  # (N, M): a chunk's one cluster
     same_as_previous = torch.zeros_like(real[..., 0])
     same_as_previous[:, 1:] = (chunk_cluster[:, 1:] == chunk_cluster[:, :-1]) & real[:, :-1, 0]
-    previous_usable = torch.cat([torch.zeros_like(usable[:, :1]), usable[:, :-1]], dim=1) & same_as_previous[..., None]
-    # Keys a query may see: the previous chunk's usable ones, and its own chunk's (up to itself when causal).
+    blocks = real.shape[1]
+    if across_clusters:
+        previous = _previous_chunks(
+            clusters.reshape(rows, length), num_clusters, chunk, chunk_cluster, same_as_previous
+        )
+        previous = previous.masked_fill(~real[..., 0], -1)  # (N, M): the previous chunk's index, -1 where none
+    else:
+        previous = torch.arange(-1, blocks - 1, device=q.device).expand(rows, blocks).masked_fill(~same_as_previous, -1)
+    has_previous = (previous >= 0)[..., None]
+    previous_index = previous.clamp(min=0)[..., None].expand(rows, blocks, chunk)
+    previous_usable = usable.gather(1, previous_index) & has_previous
+    query_tokens = token_at.view(rows, blocks, chunk)
+    if across_clusters:
+        previous_tokens = query_tokens.gather(1, previous_index).masked_fill(~has_previous, -1)
+    else:  # the previous slots whatever their cluster (as the strided window lays them out), for the bias
+        previous_tokens = torch.cat([torch.full_like(query_tokens[:, :1], -1), query_tokens[:, :-1]], dim=1)
+    # Keys a query may see: the previous chunk's usable ones (before it, when causal: across clusters the
+    # previous chunk is another cluster's, whose tokens may come later), and its own chunk's (up to itself).
+    previous_later = None
+    if causal and across_clusters:
+        previous_later = previous_tokens[:, :, None, :] > query_tokens[:, :, :, None]
+        previous_count = (previous_usable[:, :, None, :] & ~previous_later).sum(dim=-1)
+    else:
+        previous_count = previous_usable.sum(dim=-1, keepdim=True)
     own = usable.cumsum(dim=-1) if causal else usable.sum(dim=-1, keepdim=True).expand(usable.shape)
-    count = previous_usable.sum(dim=-1, keepdim=True) + own  # (N, M, C), itself included when usable
+    count = previous_count + own  # (N, M, C), itself included when usable
     self_blocked = None
     if no_self:
         others = count - usable.long()
@@ -157,8 +193,47 @@ def chunk_layout(
         count = count - self_blocked.long()
     key_mask = torch.zeros(rows, real.shape[1], 2 * chunk, dtype=q.dtype, device=q.device)
     key_mask.masked_fill_(~torch.cat([previous_usable, usable], dim=-1), float("-inf"))
+    key_slots = None
+    if across_clusters:  # the previous chunk is not always the one before in the layout: gathered per chunk
+        own_slots = flat.view(rows, blocks, chunk)
+        previous_slots = own_slots.gather(1, previous_index).masked_fill(~has_previous, rows * length)  # zero row
+        key_slots = torch.cat([previous_slots, own_slots], dim=-1).flatten()
+
+    def with_previous(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (N * M, 2C, D): previous + own chunk
+        x = F.pad(x.reshape(rows * length, x.shape[-1]), (0, 0, 0, 1))  # row rows * n: zeros
+        if key_slots is not None:
+            return x.index_select(0, key_slots).view(-1, 2 * chunk, x.shape[-1])
+        return x.index_select(0, flat_with_zeros).unfold(0, 2 * chunk, chunk).transpose(1, 2)
+
     queries, keys, values = lay_out(q), with_previous(k), with_previous(v)
-    return Chunks(queries, keys, values, key_mask, count > 0, self_blocked, token_at, slots, q.shape)
+    return Chunks(
+        queries,
+        keys,
+        values,
+        key_mask,
+        count > 0,
+        self_blocked,
+        previous_tokens,
+        previous_later,
+        token_at,
+        slots,
+        q.shape,
+    )
+
+
+def _previous_chunks(clusters, num_clusters, chunk, chunk_cluster, same_as_previous) -> torch.Tensor:
+    """(N, M): the previous chunk of each chunk across clusters: the one before it in its cluster, or, for a
+    cluster's first chunk, the first chunk of cluster c - 1 (mod the clusters); -1 where that cluster is empty."""
+    rows = clusters.shape[0]
+    counts = torch.zeros(rows, num_clusters, dtype=torch.long, device=clusters.device)
+    counts.scatter_add_(1, clusters, torch.ones_like(clusters))
+    chunks = -(-counts // chunk)
+    first_chunk = chunks.cumsum(dim=1) - chunks  # (N, clusters)
+    before = (chunk_cluster - 1) % num_clusters
+    usable = (counts.gather(1, before) > 0) & (before != chunk_cluster)
+    own_previous = torch.arange(-1, chunk_cluster.shape[1] - 1, device=clusters.device).expand_as(chunk_cluster)
+    across = torch.where(usable, first_chunk.gather(1, before), -1)
+    return torch.where(same_as_previous, own_previous, across)
 
 
 def chunk_mask(chunks: Chunks, *, causal: bool, bias: ScoreBias | None = None) -> torch.Tensor:
@@ -175,13 +250,14 @@ def chunk_mask(chunks: Chunks, *, causal: bool, bias: ScoreBias | None = None) -
         mask = mask + structure
     else:
         mask = mask.clone()
+    if chunks.previous_later is not None:
+        mask[..., :chunk].masked_fill_(chunks.previous_later, float("-inf"))
     if chunks.self_blocked is not None:
         mask[..., chunk:].diagonal(dim1=-2, dim2=-1).masked_fill_(chunks.self_blocked, float("-inf"))
     fill_rows_(mask, ~chunks.has_key, 0.0)  # the rows without a key
     if bias is not None:
         query_positions = chunks.token_at.view(rows, -1, chunk)
-        key_positions = torch.cat([torch.full_like(query_positions[:, :1], -1), query_positions[:, :-1]], dim=1)
-        key_positions = torch.cat([key_positions, query_positions], dim=2)
+        key_positions = torch.cat([chunks.previous_tokens, query_positions], dim=2)
         heads = chunks.shape[1]
         mask = mask + _head_bias(bias, query_positions.clamp(min=0), key_positions.clamp(min=0), heads).to(mask.dtype)
     return mask
@@ -270,13 +346,16 @@ def dense_clustered_attention(
     bias: ScoreBias | None = None,
     no_self: bool = False,
     start: int = 0,
+    across_clusters: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The same attention through the dense (T, S) mask: q (B, H, T, D) the last T of S tokens (decoding), k, v
     (B, H, S, D), clusters (B, H, S) -> out (B, H, T, D), the probabilities (B, H, T, S) (need_weights) and the
-    log-sum-exp (B, H, T). `start`: the position of the first key (for the bias). For small inputs."""
+    log-sum-exp (B, H, T). `start`: the position of the first key (for the bias); `across_clusters` as in
+    `chunk_layout`. For small inputs."""
     batch, heads, q_len, dim = q.shape
     length = k.shape[2]
-    allowed = dense_cluster_mask(clusters.flatten(0, 1), num_clusters, chunk, q_len, causal).view(
+    clusters = clusters.flatten(0, 1)
+    allowed = dense_cluster_mask(clusters, num_clusters, chunk, q_len, causal, across_clusters).view(
         batch, heads, q_len, length
     )
     if key_padding_mask is not None:

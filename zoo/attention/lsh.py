@@ -4,9 +4,13 @@
     hashing      angular LSH by a random rotation R (D, buckets / 2) per round and head:
                  h(x) = argmax([x R ; -x R]) over `buckets` buckets (Andoni et al. 2015)
     chunks       per round, each bucket's tokens in position order cut into chunks of `chunk_size`; a query
-                 attends to the keys of its bucket in its chunk and the previous one (zoo/attention/clustered.py:
-                 per bucket, so causal attention stays causal and decoding equals the forward; Reformer sorts the
-                 whole sequence and lets a chunk see its neighbour's other buckets)
+                 attends to its chunk and the previous one (zoo/attention/clustered.py: per bucket, so causal
+                 attention stays causal and decoding equals the forward). `chunk_keys` says which keys of them:
+                 chunk   every key of the pair; a bucket's first chunk has as previous chunk the first chunk of
+                         bucket b - 1 (mod buckets): Reformer's sort of the whole sequence lets a chunk see
+                         its neighbour's other buckets, but would give it the previous bucket's last chunk,
+                         which later tokens change
+                 bucket  only the keys of the query's bucket (a bucket's first chunk has no previous one)
     self         a token attends to itself only when no other key is allowed (its own key would dominate)
     rounds       `hashes` rounds, each a softmax over its keys with log-sum-exp lse_r; combined as
                  out_i = sum_r exp(lse_r,i - logsumexp_r lse_r,i) out_r,i (the paper's eq. for multi-round LSH
@@ -34,7 +38,9 @@ from zoo.attention.contract import Kernel, ScoreBias, TokenLayout
 from zoo.attention.fast import clustered as fast_clustered
 from zoo.attention.fast import use_fast_kernels
 from zoo.attention.functional import repeat_kv
-from zoo.errors import check_positive_int
+from zoo.errors import check_choice, check_positive_int
+
+CHUNK_KEYS = ("chunk", "bucket")  # the keys a query takes from its chunk pair: all of them, or its bucket's
 
 
 def lsh_buckets(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
@@ -57,16 +63,29 @@ class LSHAttention(Kernel):
     """Reformer's LSH attention with a KVCache (of normalised queries) for decoding.
 
     Options: `hashes` (rounds), `buckets` (per round, even; None: about max_length / chunk_size), `chunk_size`
-    (tokens per chunk of a bucket), `seed` (the rotations in evaluation).
+    (tokens per chunk of a bucket), `chunk_keys` (chunk: every key of the chunk pair; bucket: its bucket's
+    only), `seed` (the rotations in evaluation).
     """
 
     name = "lsh"
     supports_position_bias = True
     groups_as_repeated_heads = False  # the keys are the queries (shared QK)
-    example_options = ({"hashes": 2, "buckets": 4, "chunk_size": 4},)
+    example_options = (
+        {"hashes": 2, "buckets": 4, "chunk_size": 4},
+        {"hashes": 2, "buckets": 4, "chunk_size": 4, "chunk_keys": "bucket"},
+    )
 
-    def __init__(self, *, hashes: int = 4, buckets: int | None = None, chunk_size: int = 64, seed: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        hashes: int = 4,
+        buckets: int | None = None,
+        chunk_size: int = 64,
+        chunk_keys: str = "chunk",
+        seed: int = 0,
+    ) -> None:
         super().__init__()
+        check_choice("attention.chunk_keys (variant 'lsh')", chunk_keys, CHUNK_KEYS)
         check_positive_int("attention.hashes (variant 'lsh')", hashes)
         check_positive_int("attention.buckets (variant 'lsh')", buckets, allow_none=True)
         check_positive_int("attention.chunk_size", chunk_size)
@@ -77,6 +96,7 @@ class LSHAttention(Kernel):
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"attention.seed (variant 'lsh') must be an int, got {seed!r}")
         self.hashes, self.buckets, self.chunk_size, self.seed = hashes, buckets, chunk_size, seed
+        self.chunk_keys = chunk_keys
 
     def setup(self, layout: TokenLayout) -> None:
         super().setup(layout)
@@ -89,7 +109,10 @@ class LSHAttention(Kernel):
 
     def extra_repr(self) -> str:
         buckets = getattr(self, "num_buckets", self.buckets)
-        return f"hashes={self.hashes}, buckets={buckets}, chunk_size={self.chunk_size}, seed={self.seed}"
+        return (
+            f"hashes={self.hashes}, buckets={buckets}, chunk_size={self.chunk_size}, chunk_keys={self.chunk_keys}, "
+            f"seed={self.seed}"
+        )
 
     def rotations(self, heads: int, dim: int, device: torch.device) -> torch.Tensor:
         """(hashes, H, D, buckets / 2): fresh in training, fixed by the seed otherwise."""
@@ -118,7 +141,9 @@ class LSHAttention(Kernel):
         keys = q / q.norm(dim=-1, keepdim=True).clamp(min=1e-12)  # shared QK
         values = repeat_kv(v, q.shape[1] // v.shape[1])
         buckets = lsh_buckets(q, self.rotations(q.shape[1], q.shape[3], q.device))
+        across = self.chunk_keys == "chunk"
         options = dict(causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p, bias=bias, no_self=True)
+        options["across_clusters"] = across
         if need_weights:
             rounds = [
                 dense_clustered_attention(q, keys, values, b, self.num_buckets, self.chunk_size, **options)
@@ -127,7 +152,7 @@ class LSHAttention(Kernel):
             lses = torch.stack([lse for _, _, lse in rounds])
             weights = combine_rounds(torch.stack([p for _, p, _ in rounds]), lses)
             return combine_rounds(torch.stack([o for o, _, _ in rounds]), lses), weights
-        layout = dict(causal=causal, key_padding_mask=key_padding_mask, no_self=True)
+        layout = dict(causal=causal, key_padding_mask=key_padding_mask, no_self=True, across_clusters=across)
         chunks = [chunk_layout(q, keys, values, b, self.num_buckets, self.chunk_size, **layout) for b in buckets]
         masks = [chunk_mask(c, causal=causal, bias=bias) for c in chunks]
         if use_fast_kernels() and fast_clustered.applies_rounds(q, masks, dropout_p):
@@ -158,6 +183,7 @@ class LSHAttention(Kernel):
         values = repeat_kv(values, q.shape[1] // values.shape[1])
         buckets = lsh_buckets(keys, self.rotations(q.shape[1], q.shape[3], q.device))
         options = dict(causal=True, key_padding_mask=cache.key_padding_mask(), bias=bias, no_self=True)
+        options["across_clusters"] = self.chunk_keys == "chunk"
         rounds = [
             dense_clustered_attention(q, keys, values, b, self.num_buckets, self.chunk_size, **options) for b in buckets
         ]
