@@ -68,7 +68,7 @@ def mean_cosine(out: torch.Tensor, exact: torch.Tensor) -> float:
     return F.cosine_similarity(out, exact, dim=-1).mean().item()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--rounds", type=int, nargs="+", default=[4, 8])
@@ -76,15 +76,17 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--chunk-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="forward timings per cell; the fastest is shown")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(1, args.heads, args.length, args.dim, generator=generator)
     v = torch.randn(1, args.heads, args.length, args.dim, generator=generator)
-    print(
-        f"n={args.length}, heads={args.heads}, head dim={args.dim}, chunk_size={args.chunk_size}, buckets ~ n / chunk"
-    )
-    print("\n| attention | rounds | chunk_keys | mean cosine to exact | forward ms |\n|---|---|---|---|---|")
+    lines = [
+        f"n={args.length}, heads={args.heads}, head dim={args.dim}, chunk_size={args.chunk_size}, buckets ~ n / chunk",
+        "",
+        "| attention | rounds | chunk_keys | mean cosine to exact | forward ms |",
+        "|---|---|---|---|---|",
+    ]
     for causal in (False, True):
         exact = exact_attention(q, v, causal)
         for rounds in args.rounds:
@@ -99,10 +101,17 @@ def main() -> None:
                         out, _ = kernel(q, q, v, causal=causal)
                         times.append(time.perf_counter() - start)
                 name = "causal" if causal else "bidirectional"
-                print(f"| {name} | {rounds} | {chunk_keys} | {mean_cosine(out, exact):.3f} | {1e3 * min(times):.0f} |")
+                lines.append(
+                    f"| {name} | {rounds} | {chunk_keys} | {mean_cosine(out, exact):.3f} | {1e3 * min(times):.0f} |"
+                )
             if not causal:
                 reformer = reformer_attention(q, v, kernel)
-                print(f"| bidirectional | {rounds} | Reformer's sort (dense) | {mean_cosine(reformer, exact):.3f} | |")
+                lines.append(
+                    f"| bidirectional | {rounds} | Reformer's sort (dense) | {mean_cosine(reformer, exact):.3f} | |"
+                )
+    table = "\n".join(lines)
+    print(table)
+    return table
 
 
 if __name__ == "__main__":
