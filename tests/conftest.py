@@ -108,7 +108,15 @@ TRAINED = {
                    "model.net.text.depth=1", "model.net.text.num_heads=2", "model.net.text.mlp_dim=32",
                    "trainer.max_epochs=1", "+trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
                    "test=false"],
+    # the error tests' earlier runs, that no bad input may harm: a tiny ViT with its test, a tiny GPT on CORPUS
+    "vit_tiny": ["model=vit", "model.net.dim=16", "model.net.depth=1", "model.net.num_heads=2", "model.net.mlp_dim=32",
+                 "trainer.max_epochs=1", "+trainer.limit_train_batches=1", "trainer.limit_val_batches=1",
+                 "trainer.limit_test_batches=1"],
+    "gpt_tiny": ["model=gpt", "model.net.n_layer=1", "model.net.n_head=2", "model.net.n_embd=16", "data.block_size=16",
+                 "model.sample.max_new_tokens=0", "data.eval_batches=1", "data.batch_size=4", "data=text",
+                 "data.path={corpus}", "trainer.max_steps=2", "trainer.val_check_interval=2", "test=false"],
 }  # fmt: skip
+CORPUS = "To be, or not to be, that is the question.\n" * 40  # the GPT run's corpus
 
 
 @dataclass
@@ -135,8 +143,10 @@ class TrainedRuns:
 
     def __getitem__(self, name: str) -> TrainedRun:
         if name not in self.runs:
-            folder = self.root / name
-            code, out, err = helpers.run_in_process([*TRAINED[name], *QUIET_RUN, f"hydra.run.dir={folder}"])
+            folder, corpus = self.root / name, self.root / "corpus.txt"
+            corpus.write_text(CORPUS)
+            args = [arg.format(corpus=corpus) for arg in TRAINED[name]]
+            code, out, err = helpers.run_in_process([*args, *QUIET_RUN, f"hydra.run.dir={folder}"])
             assert code == 0, (out + err)[-3000:]
             self.runs[name] = TrainedRun(folder, out)
         return self.runs[name]

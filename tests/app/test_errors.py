@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import runpy
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import ROOT
+from tests.conftest import CORPUS
 from tests.helpers import run_in_process as run_cli
 from zoo.attention.registry import VARIANTS
 from zoo.data.tokenizers import train_tokenizer
@@ -30,7 +28,6 @@ TINY_GPT = [
 ]  # fmt: skip
 TINY_TRANSLATION = ["model=translation", "model.net.dim=16", "model.net.num_heads=2", "model.net.mlp_dim=32"]
 ONE_STEP = ["trainer.max_epochs=1", "+trainer.limit_train_batches=1", "trainer.limit_val_batches=1"]
-CORPUS = "To be, or not to be, that is the question.\n" * 40  # the GPT run's corpus
 OTHER_CORPUS = "0123456789 +-*/=<>\n" * 80  # another alphabet, of another size
 CORPUS_VOCAB, OTHER_VOCAB = (train_tokenizer("char", [text]).get_vocab_size() for text in (CORPUS, OTHER_CORPUS))
 
@@ -44,8 +41,9 @@ def snapshot(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Input files and two earlier runs (a ViT and a GPT, with checkpoints) that no bad input may harm."""
+def world(tmp_path_factory: pytest.TempPathFactory, trained_runs) -> dict[str, Path]:
+    """Input files and two earlier runs (a ViT and a GPT, with checkpoints; copies of the session's trained runs,
+    tests/conftest.py) that no bad input may harm."""
     root = tmp_path_factory.mktemp("errors")
     files = root / "files"
     files.mkdir()
@@ -68,18 +66,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     torch.save({"state_dict": {}, "hyper_parameters": {"x": Planted()}}, files / "evil.ckpt")
 
     outputs = root / "outputs"
-    for args in (
-        [*TINY_VIT, *ONE_STEP, "trainer.limit_test_batches=1"],
-        [*TINY_GPT, "data=text", f"data.path={files / 'corpus.txt'}", "trainer.max_steps=2",
-         "trainer.val_check_interval=2", "test=false"],
-    ):  # fmt: skip
-        argv, sys.argv = sys.argv, ["run.py", *args, *QUIET, f"paths.log_dir={outputs}"]
-        try:
-            runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
-        finally:
-            sys.argv = argv
-    vit = next(outputs.glob("vit/*/checkpoints/last.ckpt"))
-    gpt = next(outputs.glob("gpt/*/checkpoints/last.ckpt"))
+    vit = trained_runs["vit_tiny"].copy_to(outputs / "vit" / "2025-01-31_12-00-00") / "checkpoints" / "last.ckpt"
+    gpt = trained_runs["gpt_tiny"].copy_to(outputs / "gpt" / "2025-01-31_12-00-00") / "checkpoints" / "last.ckpt"
     truncated = files / "truncated.ckpt"
     truncated.write_bytes(vit.read_bytes()[: vit.stat().st_size // 2])
     return {"root": root, "files": files, "outputs": outputs, "vit": vit, "gpt": gpt, "truncated": truncated}

@@ -3,6 +3,8 @@ values drawn are the values given."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -58,3 +60,15 @@ def test_signed_weights_get_a_scale_centred_on_zero() -> None:
     assert low == -high == -float(maps.abs().max()) and image.get_cmap().name == "coolwarm"
     assert colour_bars(figure)[0].get_ylabel() == "effective weight"
     assert grid_attention_figure(maps.abs()).axes[0].images[0].get_clim()[0] == 0.0
+
+
+def test_tokens_without_a_glyph_are_labelled_by_their_escapes() -> None:
+    """A char tokenizer's newline and control characters would draw as empty boxes (and make matplotlib warn)."""
+    from zoo.training.loggers import heatmap_figure, tick_label
+
+    assert [tick_label(t) for t in ["a", "\n", "\x02", " ", "é"]] == ["a", "\\n", "\\x02", " ", "é"]
+    figure = heatmap_figure(torch.eye(3), ["a", "\n", "\x02"], ["a", "\n", "\x02"])
+    assert [t.get_text() for t in figure.axes[0].get_xticklabels()] == ["a", "\\n", "\\x02"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "Glyph ... missing from font(s)" among them
+        figure_to_array(figure)

@@ -157,6 +157,13 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     return "\n".join(lines)
 
 
+def tick_label(label: Any) -> str:
+    """A token as a tick label: characters with no glyph (newlines, control characters of a char tokenizer) as
+    their escapes, so the label shows what the token is instead of an empty box."""
+    text = str(label)
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 def heatmap_figure(
     matrix: Any,
     row_labels: Sequence[str] | None = None,
@@ -182,9 +189,9 @@ def heatmap_figure(
     shown = axes.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
     figure.colorbar(shown, ax=axes, fraction=0.046, pad=0.04)
     if column_labels is not None:
-        axes.set_xticks(range(cols), [str(label) for label in column_labels], rotation=45, ha="right")
+        axes.set_xticks(range(cols), [tick_label(label) for label in column_labels], rotation=45, ha="right")
     if row_labels is not None:
-        axes.set_yticks(range(rows), [str(label) for label in row_labels])
+        axes.set_yticks(range(rows), [tick_label(label) for label in row_labels])
     if annotate:
         number = "{:.0f}" if np.all(values == np.round(values)) else "{:.2f}"
         for i in range(rows):
