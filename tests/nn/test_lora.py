@@ -95,6 +95,16 @@ def test_each_adapted_projection_computes_its_base_plus_alpha_over_rank_b_a(fami
         torch.testing.assert_close(model.get_submodule(name).weight, weight, rtol=1e-12, atol=1e-12)
 
 
+def test_targets_that_match_nothing_name_the_key_and_the_projections_that_exist() -> None:
+    """ViT's MLP has no gate: zoo's line, not peft's, naming model.lora.targets and what the model has."""
+    with pytest.raises(ValueError) as caught:
+        add_lora(tiny_model("vit"), LoRAConfig(rank=2, targets=["gate"]))
+    assert str(caught.value) == (
+        "model.lora.targets=['gate'] match no projection of ViT; its projections: fc1, fc2, in_proj, out_proj"
+    )
+    assert type(caught.value) is ValueError  # the command line's one-line kind, not peft's own error
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"rank": -1}, "model.lora.rank must be an int >= 0 (0: no LoRA), got -1"),
     ({"alpha": 0}, "model.lora.alpha must be a number > 0, got 0"),

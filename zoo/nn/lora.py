@@ -13,6 +13,7 @@ other classes starts its head from scratch, so adapters alone could not fit it).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -69,14 +70,19 @@ def add_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
     names = "|".join(config.module_names())
     # Self-attention and MLP projections only (cross_attn's projection is read as a weight, never called).
     pattern = rf"(.*\.)?(self_attn\.({names})|mlp\.({names}))"
+    if not any(re.fullmatch(pattern, name) for name, _ in model.named_modules()):  # before peft's own message
+        present = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules()
+                          if re.fullmatch(rf"(.*\.)?(self_attn|mlp)\.({'|'.join(TARGETS)})", name)})  # fmt: skip
+        raise ValueError(
+            f"model.lora.targets={list(config.targets)} match no projection of {type(model).__name__}; "
+            f"its projections: {', '.join(present) or '(none)'}"
+        )
     peft_config = LoraConfig(
         r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout, target_modules=pattern, bias="none"
     )
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     inject_adapter_in_model(peft_config, model)
-    if not has_lora(model):
-        raise ValueError(f"model.lora.targets={config.targets} matched no projection of {type(model).__name__}")
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(ADAPTER_MARK in name)
     for name in config.modules_to_save:
