@@ -18,6 +18,14 @@ def textbook_favor(x: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
     return torch.exp(x @ projection.T - (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(projection.shape[0])
 
 
+def favor_formula(q, k, v, projection, causal: bool) -> torch.Tensor:
+    """phi(q_i) . sum_j phi(k_j) v_j / phi(q_i) . sum_j phi(k_j), over j <= i when causal: no eps."""
+    similarity = textbook_favor(q, projection) @ textbook_favor(k, projection).transpose(-2, -1)
+    if causal:
+        similarity = similarity.tril()
+    return similarity @ v / similarity.sum(-1, keepdim=True)
+
+
 @pytest.mark.parametrize("direction", ["first_axis", "random"])
 def test_orthogonal_random_features_estimate_exp_of_dot_product_without_bias(direction: str) -> None:
     """The mean of phi(q) . phi(k) over 2000 seeded draws of two blocks (m = 2d = 16) is exp(q . k / sqrt(d)),
@@ -68,10 +76,7 @@ def test_favor_equals_the_linear_attention_formula_in_fp64(causal: bool, scale: 
     v = torch.randn(2, 1, 21, 16, generator=generator, dtype=torch.float64)
     out, _ = kernel(q, k, v, causal=causal)
     weights, _ = kernel(q, k, v, causal=causal, need_weights=True)  # the quadratic form (T, S)
-    similarity = textbook_favor(q, kernel.projection) @ textbook_favor(k, kernel.projection).transpose(-2, -1)
-    if causal:
-        similarity = similarity.tril()
-    expected = similarity @ v / similarity.sum(-1, keepdim=True)
+    expected = favor_formula(q, k, v, kernel.projection, causal)
     torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(weights, expected, atol=1e-10, rtol=1e-10)
 
@@ -88,9 +93,7 @@ def test_favor_decoding_equals_the_formula_token_by_token_in_fp64() -> None:
     q, k = 2.5 * q, 2.5 * k
     cache = kernel.new_cache()
     steps = [kernel.decode(q[:, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1], cache)[0] for i in range(9)]
-    similarity = textbook_favor(q, kernel.projection) @ textbook_favor(k, kernel.projection).transpose(-2, -1)
-    similarity = similarity.tril()
-    expected = similarity @ v / similarity.sum(-1, keepdim=True)
+    expected = favor_formula(q, k, v, kernel.projection, causal=True)
     torch.testing.assert_close(torch.cat(steps, dim=2), expected, atol=1e-10, rtol=1e-10)
 
 
@@ -106,7 +109,5 @@ def test_long_causal_favor_equals_the_formula_in_fp64() -> None:
     q, k = 2.5 * q, 2.5 * k
     with torch.no_grad():
         out, _ = kernel(q, k, v, causal=True)
-    similarity = textbook_favor(q, kernel.projection) @ textbook_favor(k, kernel.projection).transpose(-2, -1)
-    similarity = similarity.tril()
-    expected = similarity @ v / similarity.sum(-1, keepdim=True)
+    expected = favor_formula(q, k, v, kernel.projection, causal=True)
     torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-10)
