@@ -253,3 +253,49 @@ def test_the_reference_renders_every_parameter_in_an_args_section(package, path:
     documented = {p.name for s in sections if s.kind.value == "parameters" for p in s.value}
     missing = [name for name in parameter_names(obj) if name not in documented]
     assert not missing, f"{path}'s docstring has no Args line for {missing}"
+
+
+# -- one list of model families --------------------------------------------------------------------------------------
+NUMBER_WORDS = ["two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
+COUNTS = {word: count for count, word in enumerate(NUMBER_WORDS, start=2)}
+
+
+def yaml_families() -> dict[str, str]:
+    """model= option -> the family its task trains (`model._target_`'s `family`); a preset without a task of its
+    own (llama) takes it from the option it builds on (its `defaults`)."""
+    import importlib
+
+    def family(option: str) -> str:
+        config = yaml.safe_load((ROOT / "conf" / "model" / f"{option}.yaml").read_text())
+        target = (config.get("model") or {}).get("_target_")
+        if target is None:
+            (base,) = [entry for entry in config["defaults"] if isinstance(entry, str) and entry != "_self_"]
+            return family(base)
+        module, name = target.rsplit(".", 1)
+        return getattr(importlib.import_module(module), name).family
+
+    return {path.stem: family(path.stem) for path in sorted((ROOT / "conf" / "model").glob("*.yaml"))}
+
+
+def test_one_list_of_model_families() -> None:
+    """zoo.export.FAMILIES is the list (conf/model/*.yaml train exactly its families; llama is GPT's preset), and
+    a text that counts the families says its length: pyproject's description and the README always do."""
+    import tomllib
+
+    import zoo
+    import zoo.models
+    from zoo.export import FAMILIES
+
+    assert set(yaml_families().values()) == set(FAMILIES), yaml_families()
+    texts = {
+        "pyproject.toml": tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["description"],
+        "README.md": README.read_text(),
+        "zoo/__init__.py": zoo.__doc__,
+        "zoo/models/__init__.py": zoo.models.__doc__,
+        **{str(page.relative_to(ROOT)): page.read_text() for page in pages()},
+    }
+    pattern = rf"\b({'|'.join(COUNTS)}) (?:model )?families\b"
+    counts = {where: [COUNTS[w.lower()] for w in re.findall(pattern, text, re.I)] for where, text in texts.items()}
+    wrong = {where: found for where, found in counts.items() if any(n != len(FAMILIES) for n in found)}
+    assert not wrong, f"{len(FAMILIES)} families (zoo.export.FAMILIES: {list(FAMILIES)}), but {wrong}"
+    assert counts["pyproject.toml"] and counts["README.md"], counts

@@ -85,7 +85,7 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
 
 
 def family_of(model: nn.Module) -> str:
-    """vit | gpt | translation | clip | sequence_classifier: the family of a network from zoo.models."""
+    """The family of a network from zoo.models: a key of FAMILIES."""
     family = getattr(getattr(model, "config", None), "family", None)
     if family not in FAMILIES:
         raise ValueError(
