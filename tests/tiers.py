@@ -4,7 +4,8 @@ A test is end-to-end (the `e2e` tier, `python -m pytest -q --e2e`) when its code
 of the tests package that either calls reaches one of:
 - a run of zoo's command line: `run_cli`, `start` (a new interpreter), `run_in_process` (run.py under runpy);
 - a new process or process group: `subprocess`, `multiprocessing` / `torch.multiprocessing`, `runpy`, `os.fork`;
-- a benchmark or study of experiments/: `run_benchmark`, or `main` / `run` of an `experiments.*` module.
+- a benchmark or study of experiments/: `run_benchmark`, or `main` / `run` of a script of experiments/ (imported as
+  `experiments.x`, or as `x` with the folder on sys.path).
 Everything else is the fast tier, the README's `python -m pytest -q`. The reading is static (names in the code
 objects, resolved in the module that holds them), as lightning-hydra-template splits `test` from `test-full`
 by marker, except that here the marker is derived; tests/test_suite_settings.py checks the rule on examples,
@@ -15,8 +16,10 @@ instead of slowing the tier.
 from __future__ import annotations
 
 import inspect
+import sys
 import types
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 E2E = "e2e"
 # Helpers of tests/helpers.py that run zoo end to end or an experiment, by name.
@@ -30,6 +33,15 @@ def _code_objects(code: types.CodeType) -> Iterable[types.CodeType]:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             yield from _code_objects(const)
+
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def _is_experiment(module: types.ModuleType | None) -> bool:
+    """A script of experiments/, imported as `experiments.x` or, with the folder on sys.path, as `x`."""
+    file = getattr(module, "__file__", None)
+    return file is not None and Path(file).resolve().parent == EXPERIMENTS
 
 
 def _in_tests(obj: object) -> bool:
@@ -75,11 +87,11 @@ def end_to_end_reason(functions: Iterable[Callable]) -> str | None:
                         return f"starts a process ({obj.__name__})"
                     if obj.__name__ == "os" and "fork" in names:
                         return "starts a process (os.fork)"
-                    if obj.__name__.startswith("experiments.") and names & BENCHMARK_ENTRIES:
+                    if _is_experiment(obj) and names & BENCHMARK_ENTRIES:
                         return f"runs a benchmark ({obj.__name__})"
                 elif inspect.isfunction(obj) and obj.__module__ == "tests.helpers" and obj.__name__ in RUN_HELPERS:
                     return f"runs zoo end to end ({obj.__name__})"
-                elif inspect.isfunction(obj) and (obj.__module__ or "").startswith("experiments."):
+                elif inspect.isfunction(obj) and _is_experiment(sys.modules.get(obj.__module__)):
                     if obj.__name__ in BENCHMARK_ENTRIES:
                         return f"runs a benchmark ({obj.__module__}.{obj.__name__})"
                 elif getattr(obj, "__module__", None) in PROCESS_MODULES:
