@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import logging
 import re
@@ -261,11 +260,9 @@ def discover_rows() -> tuple[list[Row], list[str]]:
                     add_on_first_base(parameter.name, choice, choice, f"AttentionConfig.{parameter.name}")
     for variant, kernel in VARIANTS.items():
         overrides, attention, _ = base(variant)
-        options = inspect.signature(kernel.__init__).parameters
-        for name in kernel.option_names():
+        for name, default in kernel.option_defaults().items():
             if name in IMPLEMENTATION:
                 continue
-            default = options[name].default
             if default is not None and not isinstance(default, str):
                 continue
             build = lambda value, v=variant, n=name: AttentionConfig(variant=v, **{n: value})  # noqa: E731

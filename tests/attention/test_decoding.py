@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.variants import is_pattern_kernel, kernel_cases, supports
+from tests.variants import is_pattern_kernel, kernel_cases, supports, takes
 from zoo.attention import MultiHeadAttention, TokenLayout
 
 from .helpers import random_padding, use_blockwise_path
@@ -18,7 +18,8 @@ SOFTMAX_VARIANTS = kernel_cases(decoding=True, position_bias=True)  # the kernel
 
 def build(variant: str, options: dict, rope: bool, **settings) -> MultiHeadAttention:
     torch.manual_seed(0)
-    settings = {"chunk_size": 4, **options, **settings}  # the settings under test replace an example's
+    chunks = {"chunk_size": 4} if takes(variant, "chunk_size") else {}
+    settings = {**chunks, **options, **settings}  # the settings under test replace an example's
     module = MultiHeadAttention(32, 4, variant=variant, causal=True, rope=rope, layout=TokenLayout(max_length=8),
                                 **settings).eval()  # fmt: skip
     if module.position_bias is not None and hasattr(module.position_bias, "relative_attention_bias"):
