@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.variants import is_pattern_kernel, kernel_cases, supports, takes
-from zoo.attention import MultiHeadAttention, TokenLayout
+from zoo.attention import AttentionConfig, MultiHeadAttention, TokenLayout
 
 from .helpers import random_padding, use_blockwise_path
 
@@ -69,10 +69,15 @@ SETTINGS = {
     "rope_linear": {"rope": True, "rope_scaling": "linear", "rope_factor": 2.0},
     "rope_ntk": {"rope": True, "rope_scaling": "ntk", "rope_factor": 2.0},
 }
+# Each setting with the variants that take it: the feature maps are linear attention's options (another variant
+# refuses them), the rest are MultiHeadAttention's own.
+SETTINGS_CASES = [
+    (variant, options, name) for variant, options in VARIANTS for name in sorted(SETTINGS)
+    if all(takes(variant, key) for key in SETTINGS[name] if key not in AttentionConfig.setting_names())
+]  # fmt: skip
 
 
-@pytest.mark.parametrize(("variant", "options"), VARIANTS)
-@pytest.mark.parametrize("name", sorted(SETTINGS))
+@pytest.mark.parametrize(("variant", "options", "name"), SETTINGS_CASES)
 def test_cached_decoding_with_other_settings_equals_full_forward(variant: str, options: dict, name: str) -> None:
     settings = {"rope": False, **SETTINGS[name]}
     module = build(variant, options, **settings)
