@@ -159,3 +159,143 @@ def test_the_home_page_points_to_every_page_of_the_site() -> None:
     linked = set(re.findall(r"\]\(([^)#]+\.md)", (DOCS / "index.md").read_text()))
     unlinked = sorted(page for page in nav - linked - {"index.md"} if not page.startswith("reference/"))
     assert not unlinked, f"pages of the nav without a row in docs/index.md's table: {unlinked}"
+
+
+# -- the API reference (docs/reference/) ---------------------------------------------------------------------------
+REFERENCE = DOCS / "reference"
+
+
+@pytest.fixture(scope="module")
+def package():
+    """zoo as mkdocstrings reads it: griffe's static view, docstrings parsed as the site parses them (Google)."""
+    griffe = pytest.importorskip("griffe", reason="griffe comes with the docs extra: pip install -e '.[docs]'")
+    return griffe.load("zoo", search_paths=[str(ROOT)], docstring_parser="google")
+
+
+def rendered(package, member) -> bool:
+    """Whether mkdocstrings shows this member of a page's module: public, and with a docstring of its own or of a
+    member (the site's default hides an object without any)."""
+    if not member.is_public:
+        return False
+    target = member.final_target if member.is_alias else member
+    return bool(target.docstring) or any(m.docstring for m in target.members.values() if not m.is_alias)
+
+
+def reference_paths(package) -> set[str]:
+    """The canonical paths (module.Name) of the objects the reference pages render: a `::: zoo.module` directive
+    renders the module's public members (a package's: its __all__), `::: zoo.module.Name` the object."""
+    paths = set()
+    for page in REFERENCE.glob("*.md"):
+        for target in re.findall(r"^::: ([\w.]+)", page.read_text(), re.M):
+            obj = package if target == "zoo" else package[target.removeprefix("zoo.")]
+            members = obj.members.values() if obj.is_module else [obj]
+            paths |= {m.final_target.path if m.is_alias else m.path for m in members if rendered(package, m)}
+    return paths
+
+
+def reference_subjects() -> dict[str, type]:
+    """What the reference must show: every registered kernel, and every model family's network and config."""
+    from zoo.attention.registry import VARIANTS
+    from zoo.export import FAMILIES
+
+    subjects = {f"attention={name}": kernel for name, kernel in VARIANTS.items()}
+    for family, (network, config) in FAMILIES.items():
+        subjects |= {f"model={family}": network, f"model={family} config": config}
+    return subjects
+
+
+def test_the_api_reference_shows_every_kernel_and_every_model_family(package) -> None:
+    """A kernel added to zoo.attention.registry.VARIANTS or a family added to zoo.export.FAMILIES (the families of
+    conf/model/*.yaml: test_one_list_of_model_families) appears in docs/reference/ by a `:::` directive."""
+    shown = reference_paths(package)
+    missing = sorted(
+        f"{what}: {cls.__module__}.{cls.__qualname__}"
+        for what, cls in reference_subjects().items()
+        if f"{cls.__module__}.{cls.__qualname__}" not in shown
+    )
+    assert not missing, f"not rendered by docs/reference/*.md (no `:::` directive, or no docstring): {missing}"
+
+
+def parameter_names(obj) -> list[str]:
+    """A dataclass's init fields, a kernel's options, a function's parameters (*args and **kwargs aside)."""
+    import dataclasses
+    import inspect
+
+    if dataclasses.is_dataclass(obj):
+        return [field.name for field in dataclasses.fields(obj) if field.init]
+    signature = inspect.signature(obj.__init__ if inspect.isclass(obj) else obj)
+    skip = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [p.name for p in signature.parameters.values() if p.name != "self" and p.kind not in skip]
+
+
+def args_subjects() -> dict[str, object]:
+    """The classes and functions whose parameters the reference shows in an Args section: the kernels, the model
+    configs (nested ones too), zoo.load and the export functions."""
+    from zoo import export
+    from zoo.models.clip import TextTransformerConfig
+    from zoo.models.gpt import SamplingConfig
+
+    subjects = {f"{cls.__module__}.{cls.__qualname__}": cls for what, cls in reference_subjects().items()}
+    subjects = {path: cls for path, cls in subjects.items() if "attention" in path or path.endswith("Config")}
+    for obj in (TextTransformerConfig, SamplingConfig):
+        subjects[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    for function in (export.load, export.save_folder, export.export_onnx, export.export_huggingface):
+        subjects[f"zoo.export.{function.__name__}"] = function
+    return subjects
+
+
+@pytest.mark.parametrize("path, obj", list(args_subjects().items()), ids=list(args_subjects()))
+def test_the_reference_renders_every_parameter_in_an_args_section(package, path: str, obj) -> None:
+    """Google-style `Args:` one line each (as timm), parsed as the site parses it: prose about parameters renders
+    as prose, so a parameter missing from the section is missing from the page's table of parameters."""
+    docstring = package[path.removeprefix("zoo.")].docstring
+    sections = docstring.parsed if docstring else []
+    documented = {p.name for s in sections if s.kind.value == "parameters" for p in s.value}
+    missing = [name for name in parameter_names(obj) if name not in documented]
+    assert not missing, f"{path}'s docstring has no Args line for {missing}"
+
+
+# -- one list of model families --------------------------------------------------------------------------------------
+NUMBER_WORDS = ["two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
+COUNTS = {word: count for count, word in enumerate(NUMBER_WORDS, start=2)}
+
+
+def yaml_families() -> dict[str, str]:
+    """model= option -> the family its task trains (`model._target_`'s `family`); a preset without a task of its
+    own (llama) takes it from the option it builds on (its `defaults`)."""
+    import importlib
+
+    def family(option: str) -> str:
+        config = yaml.safe_load((ROOT / "conf" / "model" / f"{option}.yaml").read_text())
+        target = (config.get("model") or {}).get("_target_")
+        if target is None:
+            (base,) = [entry for entry in config["defaults"] if isinstance(entry, str) and entry != "_self_"]
+            return family(base)
+        module, name = target.rsplit(".", 1)
+        return getattr(importlib.import_module(module), name).family
+
+    return {path.stem: family(path.stem) for path in sorted((ROOT / "conf" / "model").glob("*.yaml"))}
+
+
+def test_one_list_of_model_families() -> None:
+    """zoo.export.FAMILIES is the list (conf/model/*.yaml train exactly its families; llama is GPT's preset), and
+    a text that counts the families says its length: pyproject's description and the README always do."""
+    import tomllib
+
+    import zoo
+    import zoo.models
+    from zoo.export import FAMILIES
+
+    assert set(yaml_families().values()) == set(FAMILIES), yaml_families()
+    texts = {
+        "pyproject.toml": tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["description"],
+        "README.md": README.read_text(),
+        "zoo/__init__.py": zoo.__doc__,
+        "zoo/models/__init__.py": zoo.models.__doc__,
+        **{str(page.relative_to(ROOT)): page.read_text() for page in pages()},
+    }
+    pattern = rf"\b({'|'.join(COUNTS)}) (?:model )?families\b"
+    counts = {where: [COUNTS[w.lower()] for w in re.findall(pattern, text, re.I)] for where, text in texts.items()}
+    wrong = {where: found for where, found in counts.items() if any(n != len(FAMILIES) for n in found)}
+    assert not wrong, f"{len(FAMILIES)} families (zoo.export.FAMILIES: {list(FAMILIES)}), but {wrong}"
+    assert counts["pyproject.toml"] and counts["README.md"], counts

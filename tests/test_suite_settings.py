@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from tests import helpers
 from tests.conftest import worker_threads
 from tests.helpers import run_in_process
 
@@ -56,6 +57,10 @@ def _calls_run_cli() -> None:
     run_cli_alias(["model=vit"])
 
 
+def _calls_run_in_process_through_the_module() -> None:
+    helpers.run_in_process(["model=vit"])
+
+
 def _calls_a_helper_that_starts_a_process() -> None:
     _helper_that_starts_a_process()
 
@@ -100,6 +105,7 @@ run_cli_alias = __import__("tests.helpers", fromlist=["run_cli"]).run_cli
     ("functions", "reason"),
     [
         ((_calls_run_cli,), "runs zoo end to end (run_cli)"),
+        ((_calls_run_in_process_through_the_module,), "runs zoo end to end (run_in_process)"),
         ((_calls_a_helper_that_starts_a_process,), "starts a process (subprocess)"),
         ((_imports_its_own_helper,), "runs zoo end to end (run_in_process)"),
         ((_runs_a_benchmark,), "runs a benchmark (experiments)"),

@@ -69,6 +69,8 @@ def end_to_end_reason(functions: Iterable[Callable]) -> str | None:
                 if obj is None:
                     continue
                 if isinstance(obj, types.ModuleType):
+                    if obj.__name__ == "tests.helpers" and names & RUN_HELPERS:  # helpers.run_cli(...)
+                        return f"runs zoo end to end ({sorted(names & RUN_HELPERS)[0]})"
                     if obj.__name__ in PROCESS_MODULES:
                         return f"starts a process ({obj.__name__})"
                     if obj.__name__ == "os" and "fork" in names:

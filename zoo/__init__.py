@@ -2,7 +2,7 @@
 
 zoo/attention/   the shared attention core: MultiHeadAttention, kernels behind one contract, positions
 zoo/nn/          Transformer blocks, MLP, activations, the model-config base
-zoo/models/      the four families as pure nn.Modules (ViT, GPT, translation Transformer, CLIP)
+zoo/models/      the model families as pure nn.Modules, one file each (zoo.export.FAMILIES lists them)
 zoo/data/        LightningDataModules, tokenizers, generators
 zoo/training/    Lightning infrastructure: callbacks, checkpoint writing, precision, distributed, loggers
 zoo/tasks/       LightningModules: loss, metrics, optimiser, schedules

@@ -67,8 +67,13 @@ TRAINING_ONLY = ("net", "optimizer", "scheduler", "compile", "pretrained", "lora
 
 # -- loading ------------------------------------------------------------------------------------------
 def load(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
-    """The trained network of a zoo checkpoint (`outputs/<model>/<run>/checkpoints/*.ckpt`) or of a folder
-    written by `mode=export`, in eval mode on `device`, with `.tokenizer`, `.preprocessing` and `.settings`."""
+    """The trained network of a zoo checkpoint or exported folder, in eval mode, with `.tokenizer`,
+    `.preprocessing` and `.settings`.
+
+    Args:
+        path: a checkpoint (`outputs/<model>/<run>/checkpoints/*.ckpt`) or a folder written by `mode=export`.
+        device: where the network's weights go.
+    """
     source = Path(path).expanduser()
     if not source.exists():
         raise CheckpointError(
@@ -80,7 +85,7 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
 
 
 def family_of(model: nn.Module) -> str:
-    """vit | gpt | translation | clip | sequence_classifier: the family of a network from zoo.models."""
+    """The family of a network from zoo.models: a key of FAMILIES."""
     family = getattr(getattr(model, "config", None), "family", None)
     if family not in FAMILIES:
         raise ValueError(
@@ -230,7 +235,12 @@ def tied_weights(model: nn.Module) -> set[str]:
 
 # -- writing ------------------------------------------------------------------------------------------
 def save_folder(model: nn.Module, folder: str | Path) -> Path:
-    """A self-contained folder that `load` (or any safetensors + JSON reader) rebuilds `model` from."""
+    """A self-contained folder that `load` (or any safetensors + JSON reader) rebuilds `model` from.
+
+    Args:
+        model: a network of zoo.models (LoRA adapters are merged into the weights first).
+        folder: where config.json, model.safetensors and the tokenizer or preprocessing files are written.
+    """
     from safetensors.torch import save_file
 
     family = family_of(model)
@@ -282,7 +292,12 @@ def onnx_example(model: nn.Module) -> tuple[str, torch.Tensor]:
 
 
 def export_onnx(model: nn.Module, path: str | Path) -> Path:
-    """The network as an ONNX graph of static shapes (`onnx_example`), output `logits`, via torch.export."""
+    """The network as an ONNX graph of static shapes (`onnx_example`), output `logits`, via torch.export.
+
+    Args:
+        model: a ViT, GPT or sequence classifier of zoo.models.
+        path: the .onnx file to write.
+    """
     name, example = onnx_example(model)
     try:
         import onnx  # noqa: F401
@@ -332,7 +347,12 @@ def onnx_difference(model: nn.Module, path: str | Path) -> float:
 def export_huggingface(model: nn.Module, folder: str | Path) -> Path:
     """A GPT as a `transformers` folder (save_pretrained: config.json, model.safetensors, and the tokenizer as a
     PreTrainedTokenizerFast): GPT-2 (full attention, learned positions), or Llama / Qwen2 / Mistral for the
-    Llama family's blocks (GPT.to_huggingface). LoRA adapters are merged into the weights first."""
+    Llama family's blocks (GPT.to_huggingface). LoRA adapters are merged into the weights first.
+
+    Args:
+        model: a GPT of zoo.models.
+        folder: where the transformers folder is written.
+    """
     family = family_of(model)
     if family != "gpt":
         raise UsageError(f"format=huggingface writes GPT-2 folders (model=gpt), not model={family}; valid formats "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import lightning as L
@@ -138,3 +139,22 @@ def test_gradient_norm_monitor_logs_the_total_and_per_module_norms() -> None:
     FakeTrainer._logger_connector.should_update_logs = False
     GradientNormMonitor().on_before_optimizer_step(FakeTrainer(), module, None)  # type: ignore[arg-type]
     assert logged == {}
+
+
+def test_a_resumed_runs_csv_log_keeps_the_rows_before_the_resume(tmp_path: Path) -> None:
+    """Lightning's CSVLogger deletes an existing metrics.csv as it starts; logger=csv continues it: the first
+    attempt's rows stay, the resumed run's follow, and a new column only widens the header."""
+    from zoo.training.loggers import ContinuingCSVLogger
+
+    first = ContinuingCSVLogger(save_dir=str(tmp_path), name="csv", version="")
+    first.log_metrics({"train/loss": 2.0}, step=0)
+    first.log_metrics({"train/loss": 1.5}, step=1)
+    first.save()
+    resumed = ContinuingCSVLogger(save_dir=str(tmp_path), name="csv", version="")  # the same run folder
+    resumed.log_metrics({"train/loss": 1.0, "val/acc": 0.5}, step=2)
+    resumed.save()
+    with open(tmp_path / "csv" / "metrics.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["step"], row["train/loss"], row["val/acc"]) for row in rows] == [
+        ("0", "2.0", ""), ("1", "1.5", ""), ("2", "1.0", "0.5")
+    ]  # fmt: skip

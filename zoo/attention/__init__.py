@@ -24,6 +24,7 @@ from zoo.attention.full import FullAttention
 from zoo.attention.functional import dot_product_attention, masked_attention, repeat_kv, softmax_attention
 from zoo.attention.linear import LinearAttention, quadratic_linear_attention
 from zoo.attention.local import LocalAttention, sliding_window_attention, sliding_window_mask
+from zoo.attention.lsh import LSHAttention
 from zoo.attention.positions import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -31,6 +32,7 @@ from zoo.attention.positions import (
     sinusoidal_positions,
 )
 from zoo.attention.registry import VARIANTS, build_kernel
+from zoo.attention.routing import RoutingAttention
 from zoo.attention.sparse import SparseAttention
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "HeadLayout",
     "KVCache",
     "Kernel",
+    "LSHAttention",
     "LearnedPositionalEmbedding",
     "LinearAttention",
     "LinearAttentionState",
@@ -54,6 +57,7 @@ __all__ = [
     "PackedDocuments",
     "RollingKVCache",
     "RotaryEmbedding",
+    "RoutingAttention",
     "ScoreBias",
     "SinusoidalPositionalEmbedding",
     "SparseAttention",

@@ -50,8 +50,9 @@ class AdditiveAttention(Kernel):
     need_weights, grouped key/value heads, decoding from a KVCache, and a position bias (ALiBi, T5) added to the
     scores before the softmax, as for dot-product scores.
 
-    Options: `chunk_size`, the queries whose (chunk_size, S, head_dim) intermediate is formed at once (None:
-    the largest block under 2^22 elements).
+    Args:
+        chunk_size: the queries whose (chunk_size, S, head_dim) intermediate is formed at once; None: the largest
+            block under 2^22 elements.
     """
 
     name = "additive"

@@ -23,10 +23,12 @@ from zoo.errors import check_positive_int
 
 
 class AxialAttention(PatternKernel):
-    """Row + column attention with a KVCache for decoding.
+    """Row + column attention (Ho et al. 2019) with a KVCache for decoding. A model with a patch grid uses the
+    grid's rows.
 
-    Option `row_length`: tokens per row of a 1-D sequence (None: ceil(sqrt(max_length)) of the model). A
-    model with a patch grid uses the grid's rows (row_length None or the grid's width).
+    Args:
+        row_length: tokens per row of a 1-D sequence; None: ceil(sqrt(max_length)) of the model, or the width of
+            the model's patch grid (which takes only None or its width).
     """
 
     name = "axial"

@@ -31,9 +31,12 @@ class CompressedAttention(Kernel):
     """Linformer attention, bidirectional only; parameters `key_projection` (E) and `value_projection` (F),
     (k, max_length), or (heads, k, max_length) without sharing.
 
-    Options: `compressed_length` (k; None: ceil(max_length / 4)), `share_projection` (one E, F for all heads).
     need_weights returns the effective weights of the input tokens' values, (softmax(...) F)[:, :n]: out
     equals weights @ v, but the weights need not be positive.
+
+    Args:
+        compressed_length: k, the rows keys and values are projected to; None: ceil(max_length / 4).
+        share_projection: one E and one F for all heads (False: one per head).
     """
 
     name = "compressed"

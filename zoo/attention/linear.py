@@ -234,13 +234,16 @@ def causal_linear_attention(
 class LinearAttention(Kernel):
     """Linear attention with a recurrent state of O(1) memory for decoding.
 
-    Options: `chunk_size` (the chunk length of the causal kernel; None: the measured default, 64),
-    `feature_map` (elu | relu | favor, zoo/attention/feature_maps.py), and for favor `num_features` (random
-    features per head; None: Performer's head_dim * ln(head_dim)) and `redraw_interval` (training forward
-    passes between fresh draws of the features, as Performer's feature_redraw_interval; None: never). The
-    features are a buffer: fixed in eval and in decoding, and saved in checkpoints.
+    FAVOR+'s random features are a buffer: fixed in eval and in decoding, and saved in checkpoints.
     need_weights returns the explicit normalised weights phi(q_i) . phi(k_j) / sum_j(...) from the
     quadratic formula, materialising (T, S): for inspecting small inputs only.
+
+    Args:
+        chunk_size: the chunk length of the causal kernel; None: the measured default, 64.
+        feature_map: elu | relu | favor (zoo/attention/feature_maps.py).
+        num_features: favor only: random features per head; None: Performer's head_dim * ln(head_dim).
+        redraw_interval: favor only: training forward passes between fresh draws of the features (Performer's
+            feature_redraw_interval); None: never.
     """
 
     name = "linear"

@@ -199,13 +199,17 @@ def sliding_window_attention(
 class LocalAttention(Kernel):
     """Sliding-window attention with a rolling cache of `window` keys for decoding.
 
-    Options: `window` (keys per query), `chunk_size` (query block length of the blockwise kernel; None:
-    the measured defaults, fast.band.FORWARD_BLOCK_SIZE in the fast path's forward and DEFAULT_BLOCK_SIZE
-    elsewhere). Backends (attention.backend): blockwise (the CPU's auto; up to DENSE_MAX_LENGTH keys, as the
-    pattern kernels, the dense band mask), flex (CUDA's auto; zoo/attention/flex.py), sdpa (one SDPA call under
-    the dense band mask). `global_tokens` (g: Longformer's global tokens, the first g attending to all and all to
-    them; decoding then keeps every key), `sink_tokens` (causal: every query also sees the first s tokens, which
-    the rolling cache keeps; StreamingLLM's attention sinks, zoo/attention/sinks.py; 0: none).
+    Backends (attention.backend): blockwise (the CPU's auto; up to DENSE_MAX_LENGTH keys, as the pattern kernels,
+    the dense band mask), flex (CUDA's auto; zoo/attention/flex.py), sdpa (one SDPA call under the dense band mask).
+
+    Args:
+        window: keys per query (bidirectional: window // 2 on each side).
+        chunk_size: query block length of the blockwise kernel; None: the measured defaults
+            (fast.band.FORWARD_BLOCK_SIZE in the fast path's forward, DEFAULT_BLOCK_SIZE elsewhere).
+        global_tokens: Longformer's global tokens: the first g attend to all and all to them (decoding then keeps
+            every key); 0: none.
+        sink_tokens: causal only: every query also sees the first s tokens, which the rolling cache keeps
+            (StreamingLLM's attention sinks, zoo/attention/sinks.py); 0: none.
     """
 
     name = "local"

@@ -60,11 +60,14 @@ def combine_rounds(outs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
 
 
 class LSHAttention(Kernel):
-    """Reformer's LSH attention with a KVCache (of normalised queries) for decoding.
+    """Reformer's LSH attention (Kitaev et al. 2020) with a KVCache (of normalised queries) for decoding.
 
-    Options: `hashes` (rounds), `buckets` (per round, even; None: about max_length / chunk_size), `chunk_size`
-    (tokens per chunk of a bucket), `chunk_keys` (chunk: every key of the chunk pair; bucket: its bucket's
-    only), `seed` (the rotations in evaluation).
+    Args:
+        hashes: rounds of hashing.
+        buckets: buckets per round, even; None: about max_length / chunk_size.
+        chunk_size: tokens per chunk of a bucket.
+        chunk_keys: which keys of the query's chunk and the previous one: chunk (all) | bucket (its bucket's only).
+        seed: the seed of the rotations in evaluation (training draws fresh ones).
     """
 
     name = "lsh"

@@ -1,19 +1,10 @@
 """The registry of attention kernels: variant name -> Kernel class (the contract: zoo/attention/contract.py).
 
-    full    softmax over all keys, fused SDPA; KVCache; takes a position bias
-    local   sliding window of `window` keys, blockwise O(n * window); RollingKVCache; takes a position bias
-    linear  feature maps elu + 1 (Katharopoulos et al. 2020), ReLU, FAVOR+ (Choromanski et al. 2021),
-            O(n F d); LinearAttentionState
-    sparse  the Sparse Transformer's strided / fixed patterns (Child et al. 2019), blockwise; KVCache; takes a
-            position bias
-    axial   row + column of the patch grid or the folded sequence (Ho et al. 2019), blockwise; KVCache; takes a
-            position bias
-    compressed  keys and values projected along the sequence to k rows (Linformer, Wang et al. 2020),
-            O(n k); bidirectional only, no decoding
-    routing the keys of the query's k-means cluster, chunked (Roy et al. 2021); O(n chunk); KVCache
-    lsh     Reformer's shared-QK LSH attention, hashes rounds of sorted buckets (Kitaev et al. 2020); KVCache
+VARIANTS is the one list of variants: each kernel's class docstring says what it computes and its options (Args),
+its class flags what it supports (causal, cross-attention, a position bias, packed documents, decoding); the API
+reference (docs/reference/attention.md) renders the docstrings, and the helpers below read the flags.
 
-A new variant is a Kernel subclass in its own file (with its `example_options`), one line here and one
+A new variant is a Kernel subclass in its own file (with its `example_options`), one line in VARIANTS and one
 conf/attention/<name>.yaml of its options (the shared settings come from conf/attention/base/settings.yaml):
 docs/adding-a-kernel.md. The tests read their variant tables from VARIANTS, so it is tested from that line on.
 """

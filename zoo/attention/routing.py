@@ -35,10 +35,12 @@ from zoo.errors import check_positive_int
 
 
 class RoutingAttention(Kernel):
-    """Routing attention with k-means centroids as a buffer and a KVCache for decoding.
+    """Routing attention (Roy et al. 2021) with k-means centroids as a buffer and a KVCache for decoding.
 
-    Options: `clusters` (k; None: ceil(sqrt(max_length))), `chunk_size` (tokens per chunk of a cluster; None:
-    ceil(max_length / clusters)), `decay` (the centroids' exponential moving average, in (0, 1)).
+    Args:
+        clusters: k, the centroids per key/value head; None: ceil(sqrt(max_length)).
+        chunk_size: tokens per chunk of a cluster; None: ceil(max_length / clusters).
+        decay: the centroids' exponential moving average, in (0, 1).
     """
 
     name = "routing"

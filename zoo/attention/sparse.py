@@ -41,12 +41,14 @@ BAND_BLOCK_SIZE = 64  # queries per block of the strided band (as local attentio
 
 
 class SparseAttention(PatternKernel):
-    """Strided or fixed sparse attention with a KVCache for decoding.
+    """Strided or fixed sparse attention (Child et al. 2019) with a KVCache for decoding.
 
-    Options: `pattern` (strided | fixed), `stride` (l; None: ceil(sqrt(max_length)) of the model),
-    `summary` (fixed only: summary positions per block; None: max(1, stride // 8)), `global_tokens` (g: the
-    first g tokens attend to all and all to them), `random_keys` (r: BigBird's random keys per block of l
-    queries, fixed by a seed; not with backend flex).
+    Args:
+        pattern: strided | fixed.
+        stride: l, the block length; None: ceil(sqrt(max_length)) of the model.
+        summary: fixed only: summary positions per block; None: max(1, stride // 8).
+        global_tokens: g: the first g tokens attend to all and all to them; 0: none.
+        random_keys: r: BigBird's random keys per block of l queries, fixed by a seed (not with backend flex).
     """
 
     name = "sparse"

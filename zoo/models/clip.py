@@ -36,25 +36,43 @@ TEXT_POOLINGS = ("eot", "argmax")
 
 @dataclass
 class TextTransformerConfig(ModelConfig):
+    """CLIP's text tower: a causal Transformer read out at the end-of-text token.
+
+    Args:
+        vocab_size: token ids.
+        max_length: the longest token sequence (the learned position table's size): OpenAI's context_length.
+        dim: width of the tokens.
+        depth: Transformer blocks.
+        num_heads: attention heads per block.
+        mlp_dim: hidden width of the MLP; None: 4 * dim.
+        dropout: on embeddings, residual branches and MLP hidden units.
+        activation: the MLP's activation (zoo/nn/activations.py).
+        norm_eps: LayerNorm's epsilon.
+        bias: biases in Linear layers and LayerNorms.
+        pool: eot (the first position holding eot_token_id) | argmax (the highest token id: OpenAI's original
+            rule, whose tokenizer gives end-of-text the last id; Hugging Face configs with eos_token_id=2 keep it).
+        eot_token_id: the end-of-text token's id.
+        checkpointing: activation checkpointing per block: recompute in the backward, less memory.
+        attention: the attention of every block (an AttentionConfig, or its dict).
+    """
+
     family: ClassVar[str] = "text"
     sizes: ClassVar[tuple[str, ...]] = ("vocab_size", "max_length", "dim", "depth", "num_heads", "mlp_dim")
     renamed: ClassVar[dict[str, str]] = {"context_length": "max_length"}  # checkpoints written before 2026-12
 
     vocab_size: int = 512
-    max_length: int = 32  # longest token sequence (learned position table size): OpenAI's context_length
+    max_length: int = 32
     dim: int = 64
     depth: int = 4
     num_heads: int = 4
-    mlp_dim: int | None = None  # default 4 * dim
+    mlp_dim: int | None = None
     dropout: float = 0.0
     activation: str = "gelu"
     norm_eps: float = 1e-5
     bias: bool = True
-    # eot: the first position holding eot_token_id. argmax: the highest token id, OpenAI's original rule
-    # (its tokenizer gives end-of-text the last id; Hugging Face configs with eos_token_id=2 keep it).
     pool: str = "eot"
     eot_token_id: int = 2
-    checkpointing: bool = False  # activation checkpointing per block: recompute in the backward, less memory
+    checkpointing: bool = False
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:
@@ -134,16 +152,29 @@ class TextTransformer(EncoderTrunk):
 
 @dataclass
 class CLIPConfig(ModelConfig):
+    """The CLIP dual encoder (Radford et al. 2021): a ViT image tower and a text tower, projected into one space.
+
+    Args:
+        embed_dim: width of the shared embedding space.
+        image: the image tower, a ViTConfig without a head (num_classes 0); a dict defaults to OpenAI's ln_pre
+            (pre_norm) and norm_eps 1e-5.
+        text: the text tower, a TextTransformerConfig.
+        attention: when set, the attention of both towers (conf/attention); None: each tower's own.
+        logit_scale_init: the learned log inverse temperature at the start, ln(1 / 0.07) (section 2.5).
+        logit_scale_max: its ceiling, ln(100): logits are never scaled by more than 100.
+        checkpointing: activation checkpointing in the blocks of both towers.
+    """
+
     family: ClassVar[str] = "clip"
     sizes: ClassVar[tuple[str, ...]] = ("embed_dim",)
 
-    embed_dim: int = 64  # the shared embedding space
+    embed_dim: int = 64
     image: ViTConfig = field(default_factory=lambda: ViTConfig(num_classes=0, pre_norm=True, norm_eps=1e-5))
     text: TextTransformerConfig = field(default_factory=TextTransformerConfig)
-    attention: AttentionConfig | None = None  # when set, the attention of both towers (conf/attention)
-    logit_scale_init: float = math.log(1 / 0.07)  # temperature 0.07 (Radford et al. 2021, section 2.5)
-    logit_scale_max: float = math.log(100.0)  # logits are never scaled by more than 100
-    checkpointing: bool = False  # activation checkpointing in the blocks of both towers
+    attention: AttentionConfig | None = None
+    logit_scale_init: float = math.log(1 / 0.07)
+    logit_scale_max: float = math.log(100.0)
+    checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.image, dict):  # CLIP's defaults for the image tower: OpenAI's ln_pre and eps

@@ -44,28 +44,50 @@ from zoo.weights import read_huggingface_folder
 
 @dataclass
 class GPTConfig(ModelConfig):
-    """GPT's architecture. The names are nanoGPT's and GPT-2's, kept for familiarity: n_layer, n_head and
-    n_embd are what the other families call depth, num_heads and dim; block_size is their max_length."""
+    """GPT's architecture, and with norm=rmsnorm, mlp=swiglu, no biases and RoPE the Llama-shaped preset.
+
+    The names are nanoGPT's and GPT-2's, kept for familiarity: n_layer, n_head and n_embd are what the other
+    families call depth, num_heads and dim; block_size is their max_length.
+
+    Args:
+        vocab_size: token ids; the default is GPT-2's 50257 padded to a multiple of 64.
+        block_size: the training context; also the longest one unless the attention extrapolates (RoPE, a bias).
+        n_layer: Transformer blocks.
+        n_head: attention heads per block.
+        n_embd: width of the tokens.
+        mlp_dim: hidden width of the MLP; None: 4 * n_embd (gated MLPs: ~8/3 n_embd, a multiple of 64).
+        dropout: on embeddings, residual branches and MLP hidden units (attention probabilities: attention.dropout).
+        bias: biases in Linear layers and LayerNorms (False: a little faster, as good).
+        activation: the MLP's activation (zoo/nn/activations.py); GPT-2 itself: gelu_tanh.
+        norm_eps: the norms' epsilon.
+        tie_weights: the LM head shares the token embedding (Press & Wolf 2017).
+        norm: layernorm | rmsnorm (Llama).
+        mlp: gelu (two layers, with `activation`) | swiglu | geglu (gated).
+        qkv_bias: biases of the q/k/v projection alone; None: as `bias` (Qwen2: true, with bias false).
+        qk_norm: RMSNorm of queries and keys per head (OLMo 2, Qwen3).
+        checkpointing: activation checkpointing per block: recompute in the backward, less memory.
+        attention: the attention of every block (an AttentionConfig, or its dict).
+    """
 
     family: ClassVar[str] = "gpt"
     sizes: ClassVar[tuple[str, ...]] = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_dim")
 
-    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
-    block_size: int = 1024  # the training context; also the longest one unless attention.extrapolates
+    vocab_size: int = 50304
+    block_size: int = 1024
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
-    mlp_dim: int | None = None  # default 4 * n_embd
-    dropout: float = 0.0  # embeddings, residual branches and MLP hidden; attention probabilities: attention.dropout
-    bias: bool = True  # biases in Linear layers and LayerNorms (False: a little faster, as good)
-    activation: str = "gelu"  # GPT-2 itself: gelu_tanh
+    mlp_dim: int | None = None
+    dropout: float = 0.0
+    bias: bool = True
+    activation: str = "gelu"
     norm_eps: float = 1e-5
-    tie_weights: bool = True  # LM head shares the token embedding (Press & Wolf 2017)
-    norm: str = "layernorm"  # layernorm | rmsnorm (LLaMA)
-    mlp: str = "gelu"  # gelu (two layers, with `activation`) | swiglu | geglu (gated; mlp_dim default ~8/3 n_embd)
-    qkv_bias: bool | None = None  # biases of the q/k/v projection alone; None: as `bias` (Qwen2: true, bias false)
-    qk_norm: bool = False  # RMSNorm of queries and keys per head (OLMo 2, Qwen3)
-    checkpointing: bool = False  # activation checkpointing per block: recompute in the backward, less memory
+    tie_weights: bool = True
+    norm: str = "layernorm"
+    mlp: str = "gelu"
+    qkv_bias: bool | None = None
+    qk_norm: bool = False
+    checkpointing: bool = False
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:
@@ -475,7 +497,14 @@ def _huggingface_names(n_layer: int) -> list[tuple[str, str, bool]]:
 @dataclass
 class SamplingConfig:
     """How text is sampled from a GPT: one set of defaults for the samples logged during training and for
-    mode=generate. temperature 0 is greedy decoding; top_k / top_p None switch that filter off."""
+    mode=generate.
+
+    Args:
+        max_new_tokens: tokens generated after the prompt.
+        temperature: the logits are divided by it; 0: greedy decoding.
+        top_k: sample among the k most likely tokens only; None: no such filter.
+        top_p: sample among the most likely tokens whose probabilities sum to p (nucleus); None: no such filter.
+    """
 
     max_new_tokens: int = 200
     temperature: float = 0.8

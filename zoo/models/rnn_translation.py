@@ -48,16 +48,21 @@ def cross_attention_ignores(attention: AttentionConfig) -> str:
 
 @dataclass
 class RNNTranslationConfig(ModelConfig):
-    """Args:
-    vocab_size: shared source/target vocabulary (joint BPE), one embedding table for both sides.
-    embed_dim: token embedding width.
-    hidden: units per direction of the encoder, and of the decoder and its attention.
-    layers: stacked recurrent layers of the encoder and of the decoder.
-    cell: gru | lstm.
-    attention: the decoder's attention over the encoder states: an AttentionConfig (or dict) of variant full
-        (dot product) or additive (Bahdanau), or None for the fixed-vector baseline.
-    dropout: on embeddings, between recurrent layers and before the output projection.
-    max_length: the longest target the search produces (the task's data cut sentences to it).
+    """The RNN encoder-decoder's architecture: recurrent cells, sizes and the decoder's attention.
+
+    Args:
+        vocab_size: shared source/target vocabulary (joint BPE), one embedding table for both sides.
+        embed_dim: token embedding width.
+        hidden: units per direction of the encoder, and of the decoder and its attention.
+        layers: stacked recurrent layers of the encoder and of the decoder.
+        cell: gru | lstm.
+        attention: the decoder's attention over the encoder states: an AttentionConfig (or dict) of variant full
+            (dot product) or additive (Bahdanau), or None for the fixed-vector baseline.
+        dropout: on embeddings, between recurrent layers and before the output projection.
+        max_length: the longest target the search produces (the task's data cut sentences to it).
+        pad_id: the padding token's id.
+        bos_id: the beginning-of-sentence token's id.
+        eos_id: the end-of-sentence token's id.
     """
 
     family: ClassVar[str] = "rnn_translation"

@@ -24,6 +24,27 @@ from zoo.nn import POOLINGS, Dropout, EncoderTrunk, ModelConfig, pool_tokens
 
 @dataclass
 class SequenceClassifierConfig(ModelConfig):
+    """A Transformer encoder over token sequences, classified from its class token or mean (the long-range tasks).
+
+    Args:
+        vocab_size: token ids: 256 8-bit pixel values for LRA's Image task, ListOps' 16 symbols.
+        max_length: the longest sequence, without the class token.
+        num_classes: classes of the head.
+        padding_id: the token id of padding (masked out of attention and pooling); None: never padded.
+        dim: width of the tokens.
+        depth: Transformer blocks.
+        num_heads: attention heads per block.
+        mlp_dim: hidden width of the MLP; None: 4 * dim.
+        pool: cls (the class token) | mean (over the non-padding tokens).
+        dropout: on embeddings, residual branches and MLP hidden units.
+        drop_path: stochastic depth, increasing linearly over depth up to this rate.
+        activation: the MLP's activation (zoo/nn/activations.py).
+        norm_eps: LayerNorm's epsilon.
+        bias: biases in Linear layers and LayerNorms.
+        checkpointing: activation checkpointing per block: recompute in the backward, less memory.
+        attention: the attention of every block (an AttentionConfig, or its dict).
+    """
+
     family: ClassVar[str] = "sequence_classifier"
     sizes: ClassVar[tuple[str, ...]] = (
         "vocab_size",
@@ -35,21 +56,21 @@ class SequenceClassifierConfig(ModelConfig):
         "mlp_dim",
     )
 
-    vocab_size: int = 256  # 8-bit pixel values (LRA's Image task); ListOps: its 16 symbols
-    max_length: int = 784  # longest sequence, without the class token
+    vocab_size: int = 256
+    max_length: int = 784
     num_classes: int = 10
-    padding_id: int | None = None  # the token id of padding (masked out), None: sequences are never padded
+    padding_id: int | None = None
     dim: int = 64
     depth: int = 2
     num_heads: int = 4
-    mlp_dim: int | None = None  # default 4 * dim
+    mlp_dim: int | None = None
     pool: str = "cls"
     dropout: float = 0.0
     drop_path: float = 0.0
     activation: str = "gelu"
     norm_eps: float = 1e-5
     bias: bool = True
-    checkpointing: bool = False  # activation checkpointing per block: recompute in the backward, less memory
+    checkpointing: bool = False
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:

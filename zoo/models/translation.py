@@ -33,13 +33,40 @@ POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "t5")
 
 @dataclass
 class TranslationConfig(ModelConfig):
+    """The encoder-decoder Transformer of Vaswani et al. 2017, for translation.
+
+    Args:
+        vocab_size: the shared source/target vocabulary (joint BPE).
+        dim: width of the tokens.
+        encoder_layers: blocks of the encoder.
+        decoder_layers: blocks of the decoder.
+        num_heads: attention heads per attention.
+        mlp_dim: hidden width of the MLP.
+        dropout: on embeddings, residual branches, MLP hidden units.
+        activation: the MLP's activation (zoo/nn/activations.py).
+        norm_first: pre-norm; False: post-norm, as the paper.
+        norm_eps: LayerNorm's epsilon.
+        positions: sinusoidal | learned (tables added to the embeddings) | rope | alibi | t5 (inside attention;
+            attention.rope=true and attention.position_bias select the last three too).
+        max_length: the longest source or target sequence (the position tables' size).
+        tie_embeddings: one matrix for the source and target embeddings and the output projection.
+        cross_attention: the kernel of encoder-decoder attention (a variant with cross-attention: full, linear).
+        pad_id: the padding token's id.
+        bos_id: the beginning-of-sentence token's id.
+        eos_id: the end-of-sentence token's id.
+        attention: the self-attention of encoder and decoder (an AttentionConfig, or its dict).
+        encoder_attention: settings of `attention` that differ in the encoder's self-attention (e.g.
+            {"variant": "compressed"}); the positions (rope, position_bias) stay those of both stacks.
+        checkpointing: activation checkpointing per block: recompute in the backward, less memory.
+    """
+
     family: ClassVar[str] = "translation"
     sizes: ClassVar[tuple[str, ...]] = (
         "vocab_size", "dim", "encoder_layers", "decoder_layers", "num_heads", "mlp_dim", "max_length",
     )  # fmt: skip
     renamed: ClassVar[dict[str, str]] = {"max_len": "max_length"}  # checkpoints written before 2026-12
 
-    vocab_size: int = 1000  # shared source/target vocabulary (joint BPE)
+    vocab_size: int = 1000
     dim: int = 256
     encoder_layers: int = 3
     decoder_layers: int = 3
@@ -47,21 +74,18 @@ class TranslationConfig(ModelConfig):
     mlp_dim: int = 512
     dropout: float = 0.1
     activation: str = "relu"
-    norm_first: bool = False  # the paper is post-norm
+    norm_first: bool = False
     norm_eps: float = 1e-5
-    # sinusoidal | learned | rope | alibi | t5; attention.rope=true / attention.position_bias also select the last three
     positions: str = "sinusoidal"
-    max_length: int = 512  # longest source or target sequence (position tables)
-    tie_embeddings: bool = True  # one matrix for source, target and output projection
-    cross_attention: str = "full"  # kernel of encoder-decoder attention
+    max_length: int = 512
+    tie_embeddings: bool = True
+    cross_attention: str = "full"
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
     attention: AttentionConfig = field(default_factory=AttentionConfig)
-    # Settings of `attention` that differ in the encoder's self-attention (e.g. {"variant": "compressed"}); the
-    # positions (rope, position_bias) stay those of both stacks.
     encoder_attention: dict[str, Any] | None = None
-    checkpointing: bool = False  # activation checkpointing per block: recompute in the backward, less memory
+    checkpointing: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -47,6 +47,29 @@ def conv_stem(in_channels: int, dim: int, patch_size: int, bias: bool = True) ->
 
 @dataclass
 class ViTConfig(ModelConfig):
+    """The Vision Transformer's architecture (Dosovitskiy et al. 2021).
+
+    Args:
+        image_size: side of the square input image, in pixels.
+        patch_size: side of a patch; image_size must be a multiple of it.
+        in_channels: channels of the input image.
+        num_classes: classes of the head; 0: no head (a feature trunk, e.g. CLIP's image tower).
+        dim: width of the tokens.
+        depth: Transformer blocks.
+        num_heads: attention heads per block.
+        mlp_dim: hidden width of the MLP; None: 4 * dim.
+        pool: cls (the class token) | mean (of the patch tokens).
+        stem: patch (one strided convolution) | conv (Xiao et al. 2021's convolutional stem; patch_size a power of 2).
+        dropout: on embeddings, residual branches and MLP hidden units.
+        drop_path: stochastic depth, increasing linearly over depth up to this rate.
+        activation: the MLP's activation (zoo/nn/activations.py).
+        norm_eps: LayerNorm's epsilon.
+        pre_norm: an extra LayerNorm before the blocks (OpenAI CLIP's ln_pre).
+        bias: biases in Linear layers and LayerNorms.
+        checkpointing: activation checkpointing per block: recompute in the backward, less memory.
+        attention: the attention of every block (an AttentionConfig, or its dict).
+    """
+
     family: ClassVar[str] = "vit"
     sizes: ClassVar[tuple[str, ...]] = (
         "image_size",
@@ -61,20 +84,20 @@ class ViTConfig(ModelConfig):
     image_size: int = 8
     patch_size: int = 2
     in_channels: int = 1
-    num_classes: int = 10  # 0: no head (a feature trunk, e.g. CLIP's image tower)
+    num_classes: int = 10
     dim: int = 64
     depth: int = 4
     num_heads: int = 4
-    mlp_dim: int | None = None  # default 4 * dim
+    mlp_dim: int | None = None
     pool: str = "cls"
-    stem: str = "patch"  # patch | conv (Xiao et al. 2021's convolutional stem; patch_size a power of 2)
+    stem: str = "patch"
     dropout: float = 0.0
-    drop_path: float = 0.0  # stochastic depth, linearly increasing over depth up to this rate
+    drop_path: float = 0.0
     activation: str = "gelu"
     norm_eps: float = 1e-6
-    pre_norm: bool = False  # an extra LayerNorm before the blocks (OpenAI CLIP's ln_pre)
+    pre_norm: bool = False
     bias: bool = True
-    checkpointing: bool = False  # activation checkpointing per block: recompute in the backward, less memory
+    checkpointing: bool = False
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:

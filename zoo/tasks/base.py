@@ -33,7 +33,7 @@ class ZooTask(L.LightningModule):
     (hparams `pretrained`); zoo.load and mode=export rebuild base + adapters and merge them.
     """
 
-    family: ClassVar[str] = ""  # the model family: vit, gpt, translation, clip, sequence_classifier (model=<family>)
+    family: ClassVar[str] = ""  # the model family, a key of zoo.export.FAMILIES (model=<family>)
     # Where the family's attentions are and how to set an option in one of them: what an error about an attention
     # variant or position option that does not fit names instead (zoo.errors.PlacementError).
     attention_placements: ClassVar[tuple[AttentionPlacement, ...]] = ()

@@ -9,6 +9,7 @@ matrices tasks log (attention maps, confusion matrices, CLIP image-text similari
 
 from __future__ import annotations
 
+import csv
 import netrc
 import os
 import sys
@@ -20,7 +21,9 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import Logger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
@@ -155,6 +158,30 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     lines = ["| " + " | ".join(cell(c) for c in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+class _ContinuingWriter(ExperimentWriter):
+    """Lightning's CSV writer, except that a metrics.csv already in its folder (a resumed run's) is continued: its
+    rows and columns are kept and the new rows follow them. Lightning's own deletes the file as it starts, so a
+    resumed run lost every row logged before the resume."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as file:
+                self.metrics_keys = list(csv.DictReader(file).fieldnames or [])
+
+
+class ContinuingCSVLogger(CSVLogger):
+    """CSVLogger (logger=csv) whose metrics.csv survives a resume (auto_resume, ckpt_path into the same run):
+    the rows before the resume stay, the resumed run's are appended; a new column rewrites the header only."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _ContinuingWriter(log_dir=self.log_dir)
+        return self._experiment
 
 
 def tick_label(label: Any) -> str:
