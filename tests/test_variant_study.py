@@ -340,7 +340,10 @@ def test_the_page_has_numbers_reasons_anchors_winners_and_the_plot(tmp_path: Pat
     assert "6 cell(s) have fewer seeds than needed" in text
     assert "To complete the page" not in text  # --quick's one seed: --resume with it would run none of them
     assert "| Performer | 42.77 | 18.01 | favor, linear+favor |" in text and "smaller" in text
-    assert f"Local attention's window: {variant_study.SHORT_WINDOW} on vit_digits, conf/attention/local" in text
+    assert (
+        f"Local attention's window: {variant_study.SHORT_WINDOW} on vit_digits, {variant_study.GPT_WINDOW} on "
+        "gpt_char, conf/attention/local"
+    ) in text
     assert "stretches the rope row's weights of the same seed by 4 at inference" in text  # how the 4x column is read
     assert "dynamic is plain RoPE within the trained block: its rows' training cells are the rope row's jobs" in text
     # five seeds each, far apart: a clear winner, in bold, and the page's list names it
@@ -437,7 +440,8 @@ def test_the_4x_evaluation_keeps_its_number_and_its_error_in_the_ledger(tmp_path
 
 def test_local_attention_gets_a_window_shorter_than_each_short_task(tmp_path: Path) -> None:
     """conf/attention/local.yaml's 256 covers a 17-token digit image: local attention would be full attention there
-    (the first digits rows of local and full were the same numbers); only local's jobs get the task's window."""
+    (the first digits rows of local and full were the same numbers); only local's jobs get the task's window (another
+    variant refuses it), the GPT recipe's too: experiment=gpt_shakespeare_char sets none, for it runs every variant."""
     rows = {row.name: row for row in variant_study.discover_rows()[0]}
     full_mode = variant_study.parse_args(["--shared", str(tmp_path)])
     for args in (quick_args(tmp_path), full_mode):
@@ -448,8 +452,8 @@ def test_local_attention_gets_a_window_shorter_than_each_short_task(tmp_path: Pa
             )
             assert not [a for a in full.arguments if "attention.window" in a]
     short = [task for task in variant_study.tasks(full_mode) if task.window]
-    assert {task.key for task in short} == {"vit_digits", "translation_numbers", "clip_digits", "listops", "mqar_w64",
-                                            "mqar_w128"}  # fmt: skip
+    assert {task.key for task in short} == {"vit_digits", "gpt_char", "translation_numbers", "clip_digits", "listops",
+                                            "mqar_w64", "mqar_w128"}  # fmt: skip
     vit = variant_study.Job(short[0], rows["local"], 0, tmp_path / "vit")
     window = [argument for argument in vit.arguments if "attention.window" in argument]
     config = variant_study.compose([*vit.task.overrides, *vit.row.overrides, *window], tmp_path / "vit")

@@ -187,6 +187,8 @@ def test_a_wandb_sweep_config_runs_zoo_through_the_agents_command_line(tmp_outpu
     assert sweep["run_cap"] == 20 and sweep["early_terminate"]["type"] == "hyperband"
     assert sweep["parameters"]["model.optimizer.lr"] == {"distribution": "log_uniform_values", "min": 3e-4, "max": 5e-3}
     assert sweep["parameters"]["attention"] == {"values": ["full", "local", "linear", "rope"]}
+    assert "attention.window" not in sweep["parameters"]  # searched only in local's trials: W&B cannot condition
+    assert "left out, as W&B has no conditional parameters: attention.window" in out
     # What the agent runs for one suggestion: W&B's own expansion of the command's macros.
     suggestion = {key: p["values"][0] if "values" in p else p["max"] for key, p in sweep["parameters"].items()}
     macros = create_sweep_command_args({"args": {key: {"value": value} for key, value in suggestion.items()}})
@@ -202,7 +204,7 @@ def test_a_wandb_sweep_config_runs_zoo_through_the_agents_command_line(tmp_outpu
     config = run_config(wandb_records(run_file))
     assert config["model"]["optimizer"]["lr"] == 5e-3 and config["data"]["batch_size"] == 32
     assert config["model"]["net"]["dim"] == 32 and config["model"]["net"]["depth"] == 2
-    assert config["attention"]["variant"] == "full" and config["attention"]["window"] == 4
+    assert config["attention"]["variant"] == "full" and "window" not in config["attention"]
 
 
 def test_a_sweep_over_a_key_the_config_lacks_is_refused_before_its_file_is_written() -> None:
@@ -328,3 +330,17 @@ def test_logger_settings_reach_the_run(tmp_path: Path, monkeypatch: pytest.Monke
     assert every.checkpoint_artifacts is True  # offline, "all" falls back to the best and last checkpoints
     default = wandb_logger(save_dir=str(tmp_path))
     assert default._log_model is False and default.checkpoint_artifacts is False  # log_model=false: no artifacts
+
+
+def test_a_conditional_key_leaves_the_wandb_space_unless_a_fixed_choice_makes_it_hold() -> None:
+    from zoo.app.search_space import parse_search_space
+    from zoo.app.wandb_sweep import unconditional
+
+    conditions = {"attention.window": {"attention": ["local"]}}
+    searched = {"attention": "choice(full, local)", "attention.window": "choice(4, 8)"}
+    space = parse_search_space(searched)
+    assert unconditional(space, conditions) == ["attention.window"] and set(space.searched) == {"attention"}
+    space = parse_search_space({"attention.window": "choice(4, 8)"}, ["attention=local"])
+    assert unconditional(space, conditions) == [] and set(space.searched) == {"attention.window"}
+    space = parse_search_space({"attention.window": "choice(4, 8)"}, ["attention=full"])
+    assert unconditional(space, conditions) == ["attention.window"] and not space.searched

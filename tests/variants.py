@@ -60,6 +60,11 @@ def is_pattern_kernel(variant: str) -> bool:
     return issubclass(registry.VARIANTS[variant], PatternKernel)
 
 
+def takes(variant: str, option: str) -> bool:
+    """The kernel declares `option` (a keyword-only argument of its constructor)."""
+    return option in registry.VARIANTS[variant].option_names()
+
+
 def supports(variant: str, capability: str) -> bool:
     """The kernel's flag `supports_<capability>` (causal, cross_attention, position_bias, decoding, packing)."""
     return getattr(registry.VARIANTS[variant], f"supports_{capability}")

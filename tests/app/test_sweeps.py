@@ -120,8 +120,10 @@ def test_every_optuna_search_matches_its_model(model: str, tmp_path: Path) -> No
     assert sweeper._target_ == "hydra_plugins.zoo_sweepers.OptunaSweeper"
     assert sweeper.direction == cfg.model_metric.mode and sweeper.study_name == model  # follow the model
     assert sweeper.max_failure_rate == 1.0
-    for key in sweeper.params:  # every searched key exists in the model's config
-        assert key == "attention" or OmegaConf.select(cfg, key) is not None, key
+    for key in sweeper.params:  # every searched key exists in the model's config (a conditional one where it applies)
+        when = [f"{other}={values[0]}" for other, values in sweeper.get("conditions", {}).get(key, {}).items()]
+        where = compose_config([f"hparams_search={model}_optuna", *when], tmp_path) if when else cfg
+        assert key == "attention" or OmegaConf.select(where, key) is not None, key
 
 
 # The knobs every search space has, and the key each model names it by (GPT keeps nanoGPT's names).
@@ -209,7 +211,7 @@ def test_optuna_search_of_three_trials_goes_on_after_a_failure_and_writes_result
 # A GPT of 1 layer on the embedded corpus, validating every 2 of 6 steps: 3 reports to the pruner per trial.
 TINY_GPT_TRIAL = [
     "hparams_search=gpt_optuna", "data.batch_size=8", "model.net.n_layer=1", "model.net.n_embd=16",
-    "model.net.n_head=2", "attention=full", "attention.window=8", "data.block_size=16", "data.eval_batches=1",
+    "model.net.n_head=2", "attention=full", "data.block_size=16", "data.eval_batches=1",
     "model.scheduler.warmup_steps=0", "trainer.max_steps=6", "trainer.val_check_interval=2",
     "model.sample.max_new_tokens=0", "callbacks=none", "logger=none", "print_config=false", "test=false",
 ]  # fmt: skip

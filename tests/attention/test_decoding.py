@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.variants import is_pattern_kernel, kernel_cases, supports
-from zoo.attention import MultiHeadAttention, TokenLayout
+from tests.variants import is_pattern_kernel, kernel_cases, supports, takes
+from zoo.attention import AttentionConfig, MultiHeadAttention, TokenLayout
 
 from .helpers import random_padding, use_blockwise_path
 
@@ -18,7 +18,8 @@ SOFTMAX_VARIANTS = kernel_cases(decoding=True, position_bias=True)  # the kernel
 
 def build(variant: str, options: dict, rope: bool, **settings) -> MultiHeadAttention:
     torch.manual_seed(0)
-    settings = {"chunk_size": 4, **options, **settings}  # the settings under test replace an example's
+    chunks = {"chunk_size": 4} if takes(variant, "chunk_size") else {}
+    settings = {**chunks, **options, **settings}  # the settings under test replace an example's
     module = MultiHeadAttention(32, 4, variant=variant, causal=True, rope=rope, layout=TokenLayout(max_length=8),
                                 **settings).eval()  # fmt: skip
     if module.position_bias is not None and hasattr(module.position_bias, "relative_attention_bias"):
@@ -68,10 +69,15 @@ SETTINGS = {
     "rope_linear": {"rope": True, "rope_scaling": "linear", "rope_factor": 2.0},
     "rope_ntk": {"rope": True, "rope_scaling": "ntk", "rope_factor": 2.0},
 }
+# Each setting with the variants that take it: the feature maps are linear attention's options (another variant
+# refuses them), the rest are MultiHeadAttention's own.
+SETTINGS_CASES = [
+    (variant, options, name) for variant, options in VARIANTS for name in sorted(SETTINGS)
+    if all(takes(variant, key) for key in SETTINGS[name] if key not in AttentionConfig.setting_names())
+]  # fmt: skip
 
 
-@pytest.mark.parametrize(("variant", "options"), VARIANTS)
-@pytest.mark.parametrize("name", sorted(SETTINGS))
+@pytest.mark.parametrize(("variant", "options", "name"), SETTINGS_CASES)
 def test_cached_decoding_with_other_settings_equals_full_forward(variant: str, options: dict, name: str) -> None:
     settings = {"rope": False, **SETTINGS[name]}
     module = build(variant, options, **settings)

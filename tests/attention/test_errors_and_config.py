@@ -10,7 +10,7 @@ import torch
 
 from tests.variants import is_pattern_kernel, kernel_cases, supports
 from zoo.attention import VARIANTS, AttentionConfig, MultiHeadAttention, TokenLayout
-from zoo.attention.registry import cross_attention_variants
+from zoo.attention.registry import cross_attention_variants, option_takers
 
 from .helpers import use_blockwise_path
 
@@ -193,3 +193,92 @@ def test_rope_parameter_values_are_checked_with_their_key_and_range(scaling, par
     """Before: "math domain error" (yarn's log of 0 / L), a division by zero, or llama3 silently scaling everything."""
     settings = {"rope": True, "rope_scaling": scaling, "rope_factor": 2.0, "rope_parameters": parameters}
     one_line_error(lambda: AttentionConfig(**settings), *fragments)
+
+
+# -- Options of another variant: refused in one line, read off the kernels' own declarations -----------------------
+@pytest.mark.parametrize(("variant", "settings", "fragments"), [
+    ("full", {"window": 32}, ["attention.window=32 is an option of local, not of attention.variant=full",
+                              "its options: none"]),
+    ("local", {"num_features": 16}, ["attention.num_features=16 is an option of linear, not of attention.variant=local",
+                                     "its options: window, chunk_size, global_tokens, sink_tokens"]),
+    ("local", {"clusters": 4}, ["attention.clusters=4 is an option of routing, not of attention.variant=local"]),
+    ("routing", {"hashes": 2}, ["attention.hashes=2 is an option of lsh, not of attention.variant=routing",
+                                "its options: clusters, chunk_size, decay"]),
+    ("routing", {"chunk_keys": "bucket"}, ["attention.chunk_keys='bucket' is an option of lsh, not of "
+                                           "attention.variant=routing"]),
+    ("full", {"chunk_size": 16}, ["attention.chunk_size=16 is an option of additive, linear, local, lsh, routing, not "
+                                  "of attention.variant=full"]),
+])  # fmt: skip
+def test_an_option_of_another_variant_is_refused_in_one_line(variant: str, settings: dict, fragments: list) -> None:
+    one_line_error(lambda: AttentionConfig(variant=variant, **settings), *fragments)
+    one_line_error(lambda: MultiHeadAttention(16, 2, variant=variant, **settings), *fragments)
+    option, value = next(iter(settings.items()))  # and as the command line sets it: attention=<variant> +attention.x=
+    cfg = hydra_compose([variant, f"+{option}={value}"])
+    one_line_error(lambda: AttentionConfig(**cfg), *fragments)
+
+
+def test_options_of_other_variants_at_their_defaults_are_carried_unused() -> None:
+    """Every conf/attention/<variant>.yaml writes its kernel's defaults: a config with all their options at once (a
+    sweep over variants may write one) is accepted by each variant, which takes only its own."""
+    from omegaconf import OmegaConf
+
+    written = {}
+    for variant in VARIANTS:
+        yaml = OmegaConf.to_container(OmegaConf.load(CONF / "attention" / f"{variant}.yaml"))
+        written[variant] = {name: value for name, value in yaml.items() if name in VARIANTS[variant].option_names()}
+    for variant, kernel in VARIANTS.items():
+        others = {name: value for other, own in written.items() if other != variant for name, value in own.items()}
+        others = {name: value for name, value in others.items() if name not in kernel.option_names()}
+        config = AttentionConfig(variant=variant, **others)
+        assert config.kernel_options() == {} and config.options == others, variant
+    config = AttentionConfig(variant="full", window=256, chunk_size=64)  # local's default; lsh's (not local's None)
+    assert config.to_dict()["window"] == 256 and config.build_kernel().options() == {}
+    one_line_error(lambda: AttentionConfig(variant="full", global_tokens=False), "global_tokens=False")  # not 0
+
+
+def non_default_options(variant: str, option: str) -> dict:
+    """Options of `variant` that set `option` to a value other than its default and that the kernel accepts: an
+    example set of the kernel's with it, else one of a few plain values."""
+    default = VARIANTS[variant].option_defaults()[option]
+    examples = [dict(e) for e in VARIANTS[variant].example_options if e.get(option, default) != default]
+    plain = [{option: value} for value in (4, 2, 0.5, not default) if value != default]
+    for options in examples + plain:
+        try:
+            AttentionConfig(variant=variant, **options)
+        except ValueError:
+            continue
+        return options
+    raise AssertionError(f"no value of {variant}'s {option} to test with: add one to its example_options")
+
+
+def test_each_variant_takes_exactly_the_options_its_kernel_declares() -> None:
+    """Every registered variant with every option any kernel declares, set to a value none of them defaults to:
+    accepted (and handed to the kernel) where the variant's kernel declares it, refused in one line where not."""
+    takers = option_takers()
+    assert set(takers) == {name for kernel in VARIANTS.values() for name in kernel.option_names()}
+    for option, defaults in takers.items():
+        values = {variant: non_default_options(variant, option) for variant in defaults}
+        for variant, kernel in VARIANTS.items():
+            if variant in defaults:  # its own option (or one it shares with other variants)
+                options = values[variant]
+                config = AttentionConfig(variant=variant, **options)
+                assert config.build_kernel().options()[option] == options[option], (variant, option)
+                continue
+            for options in values.values():  # another variant's value of it, set alone
+                value = options[option]
+                assert all(value != default for default in defaults.values())
+                one_line_error(
+                    lambda: AttentionConfig(variant=variant, **{option: value}),  # noqa: B023
+                    f"attention.{option}={value!r} is an option of {', '.join(defaults)}, not of "
+                    f"attention.variant={variant}; its options: {', '.join(kernel.option_names()) or 'none'}",
+                )
+    for variant in VARIANTS:  # the settings of MultiHeadAttention itself go with every variant
+        AttentionConfig(variant=variant, rope=True, kv_heads=2, dropout=0.1)
+
+
+def test_replace_with_another_variant_leaves_the_old_variants_options_behind() -> None:
+    local = AttentionConfig(variant="local", window=32, global_tokens=2, rope=True)
+    assert local.replace(variant="full").to_dict() == AttentionConfig(variant="full", rope=True).to_dict()
+    sparse = local.replace(variant="sparse", stride=4)  # global tokens are sparse attention's option too
+    assert sparse.kernel_options() == {"global_tokens": 2, "stride": 4} and "window" not in sparse.options
+    one_line_error(lambda: local.replace(variant="full", window=16), "attention.window=16 is an option of local")

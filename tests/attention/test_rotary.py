@@ -71,7 +71,8 @@ def test_explicit_positions_are_not_confused_with_a_cached_range() -> None:
 def test_rope_module_is_translation_invariant_for_every_variant(variant: str) -> None:
     # Relative positions: shifting all positions leaves the output unchanged (causal, no padding).
     torch.manual_seed(0)
-    module = MultiHeadAttention(32, 2, variant=variant, window=4, rope=True, causal=True)
+    window = {"window": 4} if variant == "local" else {}
+    module = MultiHeadAttention(32, 2, variant=variant, **window, rope=True, causal=True)
     x = torch.randn(2, 9, 32)
     shifted = module(x, positions=torch.arange(100, 109))
     if variant == "linear":  # phi(rotated q) . phi(rotated k) is not a function of the offset alone

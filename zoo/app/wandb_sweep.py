@@ -164,12 +164,32 @@ def check_sweep_keys(space: SearchSpace, compose: Callable[[list[str]], DictConf
         )
 
 
+def unconditional(space: SearchSpace, conditions: dict[str, dict[str, list[Any]]]) -> list[str]:
+    """W&B has no conditional parameters: a key searched only where another searched key takes some values
+    (hydra.sweeper.conditions, e.g. the window only in local attention's trials) would reach every run, and a
+    run of another variant refuses it. Such keys leave the W&B search space (at their defaults); a condition on
+    a key the command line fixes holds or fails for every run alike. Returns the keys left out; `space` changes."""
+    left_out = []
+    for key, when in conditions.items():
+        if key not in space.searched:
+            continue
+        holds = all(
+            other not in space.searched and str(space.fixed.get(other, "")).split("=", 1)[-1] in map(str, values)
+            for other, values in when.items()
+        )
+        if not holds:
+            del space.searched[key]
+            left_out.append(key)
+    return left_out
+
+
 class WandbSweep:
     """A "sweeper" that runs nothing: it writes the sweep's search space as <sweep dir>/wandb_sweep.yaml and
     says how to start it (conf/hydra/sweeper/wandb.yaml: the Optuna settings plus `program`)."""
 
     def __init__(self, direction: str, n_trials: int, params: Any = None, sampler: Any = None, pruner: Any = None,
-                 study_name: str | None = None, program: str = "run.py", **_optuna_only: Any) -> None:  # fmt: skip
+                 study_name: str | None = None, program: str = "run.py", conditions: Any = None,
+                 **_optuna_only: Any) -> None:  # fmt: skip
         if str(direction) not in DIRECTIONS:
             raise UsageError(f"unknown hydra.sweeper.direction {direction!r}; valid choices: maximize, minimize")
         self.direction = str(direction)
@@ -179,6 +199,7 @@ class WandbSweep:
         self.pruner = OmegaConf.to_container(pruner) if OmegaConf.is_config(pruner) else pruner
         self.name = study_name
         self.program = program
+        self.conditions = OmegaConf.to_container(conditions) if OmegaConf.is_config(conditions) else conditions or {}
         self.config: DictConfig | None = None
         self.hydra_context: Any = None
 
@@ -189,6 +210,7 @@ class WandbSweep:
     def sweep(self, arguments: list[str]) -> None:
         assert self.config is not None
         space = parse_search_space(self.params, arguments, self.hydra_context.config_loader)
+        left_out = unconditional(space, self.conditions)
         loader = self.hydra_context.config_loader
         check_sweep_keys(space, lambda overrides: loader.load_sweep_config(self.config, overrides))
         wandb = OmegaConf.select(self.config, "logger.wandb", default=None) or {}
@@ -208,6 +230,10 @@ class WandbSweep:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(sweep_config, sort_keys=False))
         stopping = "" if "early_terminate" in sweep_config else "; no early stopping (W&B has only hyperband)"
+        if left_out:
+            stopping += (
+                f"; left out, as W&B has no conditional parameters: {', '.join(left_out)} (Optuna searches them)"
+            )
         method, goal = sweep_config["method"], sweep_config["metric"]["goal"]
         print(
             f"wrote {path}: W&B sweep ({method}, {goal} {self.config.optimized_metric}, "

@@ -10,11 +10,13 @@ Two kinds of settings, by what they configure:
 - Options configure one kernel (`window` for local, `chunk_size` for local and linear, `feature_map` for
   linear, ...) and live in `options`; each conf/attention/<variant>.yaml lists its own variant's.
 Options are given flat, as the YAML files and the command line write them: `AttentionConfig(variant="local",
-window=32)`. An option of another registered variant is carried but not used (a config may set local's
-window for a sweep over every variant), and so are T5's fields without position_bias=t5 and rope_factor
-without a rope_scaling; an option no variant has is a one-line error naming the valid ones, and so is a
-combination the definitions do not allow (a position bias with a kernel that has no scores, RoPE scaling
-without RoPE).
+window=32)`. Each kernel declares its options once, as its constructor's keyword-only arguments with their
+defaults (Kernel.option_defaults); from those alone `_check` refuses, in one line, an option of another variant
+set to anything but its default there (`attention.window=32 is an option of local, not of
+attention.variant=full; ...`): it would change nothing. At its default it is carried but not used (a yaml
+may write every variant's defaults), and so are T5's fields without position_bias=t5 and rope_factor without a
+rope_scaling; an option no variant has is a one-line error naming the valid ones, and so is a combination the
+definitions do not allow (a position bias with a kernel that has no scores, RoPE scaling without RoPE).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from torch import nn
 from zoo.attention.biases import POSITION_BIASES, build_position_bias, check_bucketing
 from zoo.attention.contract import BACKENDS
 from zoo.attention.positions import ROPE_SCALINGS, check_rope_parameters
-from zoo.attention.registry import VARIANTS, build_kernel, kernel_class, variant_options
+from zoo.attention.registry import VARIANTS, build_kernel, kernel_class, option_takers
 from zoo.errors import check_choice, check_positive_int
 
 
@@ -108,14 +110,21 @@ class AttentionConfig:
                 "attention.backend='flex' takes no position_bias and no dropout (FlexAttention here has neither), "
                 f"got position_bias={self.position_bias!r}, dropout={self.dropout!r}; use backend=auto or blockwise"
             )
-        known = {name for names in variant_options().values() for name in names}
-        unknown = sorted(set(self.options) - known)
+        takers = option_takers()
+        own = ", ".join(kernel.option_names()) or "none"
+        unknown = sorted(set(self.options) - set(takers))
         if unknown:
-            own = ", ".join(self.kernel_options()) or "none"
             raise ValueError(
                 f"unknown attention option {unknown[0]!r}; options of variant {self.variant!r}: {own}; "
-                f"of all variants: {', '.join(sorted(known))}"
+                f"of all variants: {', '.join(sorted(takers))}"
             )
+        for name, value in self.options.items():
+            variants = takers[name]
+            if self.variant not in variants and not any(is_default(value, d) for d in variants.values()):
+                raise ValueError(
+                    f"attention.{name}={value!r} is an option of {', '.join(variants)}, not of "
+                    f"attention.variant={self.variant}; its options: {own}"
+                )
         self.build_kernel()  # checks the option values and the backend
 
     @property
@@ -155,4 +164,14 @@ class AttentionConfig:
         return {**{name: getattr(self, name) for name in self.setting_names()}, **self.options}
 
     def replace(self, **changes: Any) -> AttentionConfig:
-        return AttentionConfig(**{**self.to_dict(), **changes})
+        """This config with `changes`; another variant leaves behind the options of this one that it does not take."""
+        settings = self.to_dict()
+        if changes.get("variant", self.variant) != self.variant:
+            takes = kernel_class(changes["variant"]).option_names()
+            settings = {k: v for k, v in settings.items() if k not in self.options or k in takes}
+        return AttentionConfig(**{**settings, **changes})
+
+
+def is_default(value: Any, default: Any) -> bool:
+    """`value` is the option's default (a bool is not the int it equals: global_tokens=false is no default 0)."""
+    return isinstance(value, bool) == isinstance(default, bool) and value == default

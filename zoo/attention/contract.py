@@ -38,8 +38,9 @@ FAVOR+'s random features or memory-compressed attention's per-head projections, 
 checkpoints load). What a kernel can do is said by class flags (`supports_causal`, `supports_cross_attention`,
 `supports_position_bias`, `supports_decoding`, `supports_packing`: packed documents, zoo/attention/documents.py);
 what it cannot do raises a one-line error. The options a kernel
-accepts are read off its constructor, and `example_options` names a few tiny sets of them that the test
-suite's variant tables (tests/variants.py) run every generic test with. So adding a variant is one file, one
+accepts, and their defaults, are read off its constructor (AttentionConfig refuses another variant's from them),
+and `example_options` names a few tiny sets of them that the test suite's variant tables (tests/variants.py) run
+every generic test with. So adding a variant is one file, one
 line in zoo/attention/registry.py and one conf/attention/<name>.yaml of its options: docs/adding-a-kernel.md.
 """
 
@@ -180,10 +181,15 @@ class Kernel(nn.Module):
         self.heads = heads
 
     @classmethod
-    def option_names(cls) -> list[str]:
-        """The options this kernel accepts: its constructor's keyword-only arguments."""
+    def option_defaults(cls) -> dict[str, Any]:
+        """The options this kernel accepts, with their defaults: its constructor's keyword-only arguments."""
         parameters = inspect.signature(cls.__init__).parameters.values()
-        return [p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        return {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """The options this kernel accepts (`option_defaults`' names)."""
+        return list(cls.option_defaults())
 
     def check_packing(self) -> None:
         """A one-line error where this kernel's options rule out packed documents (the class flag aside)."""

@@ -43,9 +43,14 @@ def kernel_class(name: str) -> type[Kernel]:
     return VARIANTS[name]
 
 
-def variant_options() -> dict[str, list[str]]:
-    """Each variant's own options, e.g. {"local": ["window", "chunk_size"], ...}."""
-    return {name: kernel.option_names() for name, kernel in VARIANTS.items()}
+def option_takers() -> dict[str, dict[str, Any]]:
+    """Every option of any variant -> the variants that take it and its default in each, read off the kernels'
+    constructors, e.g. {"window": {"local": 256}, "chunk_size": {"additive": None, ..., "lsh": 64}, ...}."""
+    takers: dict[str, dict[str, Any]] = {}
+    for name, kernel in sorted(VARIANTS.items()):
+        for option, default in kernel.option_defaults().items():
+            takers.setdefault(option, {})[name] = default
+    return takers
 
 
 def build_kernel(name: str, **options: Any) -> Kernel:

@@ -310,8 +310,8 @@ class GPT(nn.Module):
             gpt_config = GPTConfig(**fields)
         except ValueError as error:
             raise CheckpointError(f"{config_file}: {error}") from None
-        if attention:
-            gpt_config = GPTConfig(**{**fields, "attention": {**fields["attention"], **attention}})
+        if attention:  # another variant leaves the checkpoint's options behind (Mistral's window: local's)
+            gpt_config = GPTConfig(**{**fields, "attention": gpt_config.attention.replace(**attention)})
         gpt = cls(gpt_config)
         expected = _gpt2_shapes(gpt) if gpt2 else huggingface_shapes(gpt.state_dict(), gpt_config)
         state = state if gpt2 else {llama_family_name(name): tensor for name, tensor in state.items()}
