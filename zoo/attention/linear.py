@@ -50,7 +50,7 @@ def _safe_normaliser(denominator: torch.Tensor) -> torch.Tensor:
     every feature non-negative the numerator is then as small, so such a row comes out (near) zero, and its gradient
     stays finite (a clamp to the smallest normal would give 1 / tiny, which overflows in the backward of an
     integrated-gradients path from a zero embedding). The paper's code adds eps = 1e-6 instead, which moved every
-    row of small total mass (first causal rows, far keys under FAVOR+) off the formula, by up to 100%
+    row of small total mass (first causal rows, far keys under FAVOR+) far off the formula
     (tests/attention/test_favor_unbiased.py)."""
     return torch.where(denominator >= torch.finfo(denominator.dtype).tiny, denominator, 1.0)
 

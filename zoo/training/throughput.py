@@ -153,7 +153,7 @@ PLAUSIBLE = 0.9  # the tolerance of the thread-count comparison: timing noise of
 def implausible(cached: dict[str, Any], key: str) -> bool:
     """Whether the peak cached under `key` is below what the same CPU, dtype and torch reach with other thread
     counts: n threads run at least as fast as fewer (m < n), and at least n/m of more (m > n), within PLAUSIBLE.
-    (A 2-thread peak of 16.6 GFLOP/s beside a 1-thread one of 44.0 was probed while other jobs shared the cores.)"""
+    (A 2-thread peak probed while other jobs shared the cores read well below the 1-thread one: issue 69.)"""
     found = THREADS.search(key)
     if found is None:
         return False
