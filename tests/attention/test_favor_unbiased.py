@@ -81,16 +81,21 @@ def test_favor_equals_the_linear_attention_formula_in_fp64(causal: bool, scale: 
     torch.testing.assert_close(weights, expected, atol=1e-10, rtol=1e-10)
 
 
+def fp64_favor_case(heads: int, length: int, features: int, chunk: int, seed: int):
+    """A FAVOR+ kernel in fp64 (one key/value head per query head, head dim 16) and its q, k, v (1, heads,
+    length, 16), queries and keys at scale 2.5: scores of a few units, where an additive eps showed."""
+    torch.manual_seed(0)
+    kernel = LinearAttention(feature_map="favor", num_features=features, chunk_size=chunk)
+    kernel.setup_heads(HeadLayout(num_heads=heads, kv_heads=heads, head_dim=16))
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, heads, length, 16, generator=generator, dtype=torch.float64) for _ in range(3))
+    return kernel.double().eval(), (2.5 * q, 2.5 * k, v)
+
+
 def test_favor_decoding_equals_the_formula_token_by_token_in_fp64() -> None:
     """Decoding one token at a time (the recurrent state [S | z]) gives the causal formula without eps: the first
     tokens, whose state holds one or two keys of small mass, included."""
-    torch.manual_seed(0)
-    kernel = LinearAttention(feature_map="favor", num_features=32, chunk_size=8)
-    kernel.setup_heads(HeadLayout(num_heads=2, kv_heads=2, head_dim=16))
-    kernel = kernel.double().eval()
-    generator = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(1, 2, 9, 16, generator=generator, dtype=torch.float64) for _ in range(3))
-    q, k = 2.5 * q, 2.5 * k
+    kernel, (q, k, v) = fp64_favor_case(heads=2, length=9, features=32, chunk=8, seed=3)
     cache = kernel.new_cache()
     steps = [kernel.decode(q[:, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1], cache)[0] for i in range(9)]
     expected = favor_formula(q, k, v, kernel.projection, causal=True)
@@ -100,13 +105,7 @@ def test_favor_decoding_equals_the_formula_token_by_token_in_fp64() -> None:
 def test_long_causal_favor_equals_the_formula_in_fp64() -> None:
     """Past fast/linear.py's SEGMENT_LENGTH the fast path runs the sequence a segment at a time, with the prefix
     sums as row additions (64 features x 16 values per head reach SCAN_MIN_WIDTH): the formula without eps too."""
-    torch.manual_seed(0)
-    kernel = LinearAttention(feature_map="favor", num_features=64, chunk_size=64)
-    kernel.setup_heads(HeadLayout(num_heads=1, kv_heads=1, head_dim=16))
-    kernel = kernel.double().eval()
-    generator = torch.Generator().manual_seed(4)
-    q, k, v = (torch.randn(1, 1, 2100, 16, generator=generator, dtype=torch.float64) for _ in range(3))
-    q, k = 2.5 * q, 2.5 * k
+    kernel, (q, k, v) = fp64_favor_case(heads=1, length=2100, features=64, chunk=64, seed=4)
     with torch.no_grad():
         out, _ = kernel(q, k, v, causal=True)
     expected = favor_formula(q, k, v, kernel.projection, causal=True)
