@@ -55,7 +55,6 @@ import contextlib
 import json
 import logging
 import re
-import runpy
 import statistics
 import sys
 import time
@@ -69,6 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: `python experiments/variant_study.py`
     sys.path.insert(0, str(ROOT))
 
+import zoo.app  # noqa: E402
 from experiments.listops_recipe import CANDIDATES, COMMON  # noqa: E402
 from experiments.reproduce import IDX_FILES, fmt, machine, table  # noqa: E402
 from experiments.study_stats import Cell, seeds_required, verdict  # noqa: E402
@@ -424,19 +424,16 @@ def output_to(handle) -> Iterator[None]:
 
 
 def run_in_process(arguments: list[str], log: Path) -> int:
-    """`python run.py <arguments>` executed here (runpy), its output in `log`; returns the exit status."""
-    argv, code = sys.argv, 0
+    """`python run.py <arguments>` run here (zoo.app.run), its output in `log`; returns the exit status."""
+    code = 0
     with open(log, "w") as handle, output_to(handle):
-        sys.argv = [str(ROOT / "run.py"), *arguments]
         try:
-            runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
+            zoo.app.run(arguments)
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         except Exception:  # a bug: its traceback goes to the log, the study goes on
             traceback.print_exc()
             code = 1
-        finally:
-            sys.argv = argv
     if code in STOPPED_BY_SIGNAL:  # the job saved its checkpoint and stopped for the user: so does the study
         raise SystemExit(f"error: the study was stopped ({STOPPED_BY_SIGNAL[code]}) in the job logged to {log}; "
                          "python experiments/variant_study.py --resume continues it")  # fmt: skip
@@ -592,8 +589,7 @@ def compose(overrides: list[str], folder: Path):
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    import zoo.app.cli  # noqa: F401  (the fresh_dir resolver of conf/hydra/default.yaml)
-
+    zoo.app.setup()  # the resolvers conf/ uses
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
@@ -1372,8 +1368,11 @@ def markdown(
         "median over the seeds, 2000 resamples; with 3-5 seeds it is close to their range: it is what they can "
         "say), then n=<seeds run>/<seeds needed> (5 for a job under 2 minutes, else 3; `--seeds` caps it"
         + (f"; this run: {args.seeds}" if args.seeds else "")
-        + (f"). {short} cell(s) have fewer seeds than needed: read them as provisional." if short
-           else "). Every cell with a number has the seeds it needs.")
+        + (
+            f"). {short} cell(s) have fewer seeds than needed: read them as provisional."
+            if short
+            else "). Every cell with a number has the seeds it needs."
+        )
         + " Seed n is the same for every "
         "row (data order and initial weights, where the shapes allow). A column names a winner (**bold**) only "
         "when its interval excludes every other row's median; otherwise the best median and the rows whose "

@@ -14,7 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-import zoo.app.cli  # noqa: F401  (registers the fresh_dir resolver that conf/hydra/default.yaml uses)
+import zoo.app
 from tests.variants import settings_cases, supports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +31,7 @@ def end_to_end(helper: str) -> None:
 
 def compose_config(overrides: list[str], output_dir: Path | None = None) -> DictConfig:
     """The config `python run.py <overrides>` would see, with run outputs in output_dir."""
+    zoo.app.setup()  # the resolvers conf/ uses
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=overrides, return_hydra_config=True)
@@ -87,28 +88,26 @@ def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str, s
 
 
 def run_in_process(args: list[str], capsys=None) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of `python run.py <args>`, run in this process: run.py executed as
-    __main__ with runpy, the command line's own code path without a new interpreter per run. Without
-    pytest's capsys (e.g. in a module fixture) the output is captured here."""
+    """(exit status, stdout, stderr) of `python run.py <args>`, run in this process through `zoo.app.run`, the
+    command line's own code path without a new interpreter per run. Without pytest's capsys (e.g. in a module
+    fixture) the output is captured here."""
     end_to_end("run_in_process")
     import contextlib
     import io
-    import runpy
 
-    argv, hydra_run = sys.argv, HydraConfig.instance().cfg
-    sys.argv = [str(ROOT / "run.py"), *args]
+    hydra_run = HydraConfig.instance().cfg
     out, err = io.StringIO(), io.StringIO()
     with contextlib.ExitStack() as capture:
         if capsys is None:
             capture.enter_context(contextlib.redirect_stdout(out))
             capture.enter_context(contextlib.redirect_stderr(err))
         try:
-            runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
+            zoo.app.run(args)
             code = 0
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else 1
         finally:  # the process as the run found it: a sweep's Hydra config read by the next test would make it a job
-            sys.argv, HydraConfig.instance().cfg = argv, hydra_run
+            HydraConfig.instance().cfg = hydra_run
             GlobalHydra.instance().clear()
     if capsys is not None:
         return code, *capsys.readouterr()

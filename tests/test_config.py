@@ -120,12 +120,12 @@ def test_the_gpt_recipe_compiles_its_training_steps(overrides, compiled, tmp_pat
     """#19: the shakespeare recipe trains compiled (1.5x the fp32 eager step); model.compile=false turns it off."""
     from omegaconf import open_dict, read_write
 
-    from zoo.app.pipeline import build
+    from zoo.app.pipeline import instantiate_task
 
     cfg = compose_config([*overrides, "logger=none"], tmp_path)
     with read_write(cfg.hydra), open_dict(cfg.hydra):
         cfg.hydra.job.num, cfg.hydra.runtime.output_dir = 0, str(tmp_path)
-    _, task, _ = build(cfg)
+    task = instantiate_task(cfg)
     assert (task.compile_backend == "inductor") is compiled
 
 
@@ -147,7 +147,7 @@ def test_the_precision_a_config_chooses_is_the_trainers(
     """`auto` trains in bf16-mixed on a CPU that computes bf16 natively and in fp32 on one that emulates it."""
     from omegaconf import open_dict, read_write
 
-    from zoo.app.pipeline import build
+    from zoo.app.pipeline import instantiate_trainer
     from zoo.errors import ZooWarning
     from zoo.training import precision as precision_module
     from zoo.training.precision import MixedPrecision
@@ -159,9 +159,9 @@ def test_the_precision_a_config_chooses_is_the_trainers(
     assert cfg.trainer.precision == (expected or "32-true")
     if expected == "bf16-mixed" and not native_bf16:  # asked by name on a CPU that emulates it: said, then kept
         with pytest.warns(ZooWarning, match="this CPU has no native bf16"):
-            _, _, trainer = build(cfg)
+            trainer = instantiate_trainer(cfg, [], [])
     else:
-        _, _, trainer = build(cfg)
+        trainer = instantiate_trainer(cfg, [], [])
     plugin = trainer.precision_plugin
     if expected == "auto":
         expected = "bf16-mixed" if native_bf16 else None
@@ -178,14 +178,14 @@ def test_a_local_window_over_the_whole_sequence_is_named_when_the_run_is_built(
     """`python run.py model=vit attention=local`: conf/attention/local.yaml's 256 covers the digits' 17 tokens."""
     from omegaconf import open_dict, read_write
 
-    from zoo.app.pipeline import build
+    from zoo.app.pipeline import instantiate_task
 
     cfg = compose_config(["model=vit", "attention=local", "logger=none",
                           *([f"attention.window={window}"] if window else [])], tmp_path)  # fmt: skip
     with read_write(cfg.hydra), open_dict(cfg.hydra):
         cfg.hydra.job.num, cfg.hydra.runtime.output_dir = 0, str(tmp_path)
     with caplog.at_level("WARNING", logger="zoo"):
-        build(cfg)
+        instantiate_task(cfg)
     lines = [r.getMessage() for r in caplog.records if "local attention is exactly full attention" in r.getMessage()]
     assert lines == (["attention.window=256 covers all 17 tokens of this model's sequences: local attention is "
                       "exactly full attention here; set attention.window below 17 for a sliding window"]

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import zoo.training.checkpoints
 from tests.helpers import compose_config, finish, start
-from zoo.app.cli import claim_run_dir, prepare_arguments
+from zoo.app.cli import RunFolders, prepare_arguments
 from zoo.app.pipeline import prepare_checkpoint, with_safety_net
 from zoo.app.secrets import redact
 from zoo.errors import CheckpointError, NonFiniteLossError, UsageError
@@ -236,7 +236,8 @@ def test_interrupt_saves_a_checkpoint_after_the_current_batch_and_resume_complet
 # -- run directories and resume planning --------------------------------------------------------------
 def test_runs_started_in_the_same_second_claim_different_directories(tmp_path: Path) -> None:
     base = str(tmp_path / "vit" / "2030-01-01_12-00-00")
-    claimed = [claim_run_dir(base) for _ in range(3)]
+    folders = RunFolders()
+    claimed = [folders.claim(base) for _ in range(3)]
     assert claimed == [base, f"{base}_1", f"{base}_2"] and all(Path(p).is_dir() for p in claimed)
     hydra = OmegaConf.to_container(compose_config(["model=vit"]).hydra, resolve=False)
     assert hydra["run"]["dir"].startswith("${fresh_dir:") and hydra["sweep"]["dir"].startswith("${fresh_dir:")
@@ -252,16 +253,16 @@ def make_run_dir(tmp_path: Path, overrides: list[str]) -> Path:
 
 def test_auto_resume_continues_in_the_run_directory_with_its_own_overrides(tmp_path: Path) -> None:
     run_dir = make_run_dir(tmp_path, ["model.net.dim=16", "trainer.max_epochs=5", "seed=7"])
-    args = prepare_arguments([f"auto_resume={run_dir}", "trainer.max_epochs=9"])
+    args = prepare_arguments([f"auto_resume={run_dir}", "trainer.max_epochs=9"], RunFolders())
     assert args[:3] == ["model.net.dim=16", "seed=7", "auto_resume=true"]
     assert "trainer.max_epochs=9" in args and "trainer.max_epochs=5" not in args  # yours win
     assert f"hydra.run.dir={run_dir.resolve()}" in args
     assert any(a.startswith("hydra.output_subdir=.hydra/resume_") for a in args)  # the original config stays
 
-    from_checkpoint = prepare_arguments([f"ckpt_path={run_dir}/checkpoints/last.ckpt"])
+    from_checkpoint = prepare_arguments([f"ckpt_path={run_dir}/checkpoints/last.ckpt"], RunFolders())
     assert f"hydra.run.dir={run_dir.resolve()}" in from_checkpoint and "seed=7" in from_checkpoint
     evaluation = [f"ckpt_path={run_dir}/checkpoints/last.ckpt", "train=false"]
-    assert prepare_arguments(evaluation) == evaluation  # evaluating is not resuming: a new directory
+    assert prepare_arguments(evaluation, RunFolders()) == evaluation  # evaluating is not resuming: a new directory
 
 
 def test_auto_resume_true_continues_from_last_checkpoint_or_starts_fresh(tmp_path: Path) -> None:
@@ -280,13 +281,13 @@ def test_auto_resume_true_continues_from_last_checkpoint_or_starts_fresh(tmp_pat
 
 def test_bad_resume_requests_are_usage_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"auto_resume=.*is not a run directory.*valid"):
-        prepare_arguments([f"auto_resume={tmp_path}"])
+        prepare_arguments([f"auto_resume={tmp_path}"], RunFolders())
     run_dir = make_run_dir(tmp_path, [])
     with pytest.raises(UsageError, match="cannot be combined with -m"):
-        prepare_arguments(["-m", f"auto_resume={run_dir}"])
+        prepare_arguments(["-m", f"auto_resume={run_dir}"], RunFolders())
     with pytest.raises(UsageError, match=r"unknown model 'gtp'; valid choices: .*gpt.*vit"):
-        prepare_arguments(["-m", "model=vit,gtp"])
-    assert prepare_arguments(["model=vit", "~logger", "hydra/launcher=basic"]) == [
+        prepare_arguments(["-m", "model=vit,gtp"], RunFolders())
+    assert prepare_arguments(["model=vit", "~logger", "hydra/launcher=basic"], RunFolders()) == [
         "model=vit", "~logger", "hydra/launcher=basic",
     ]  # fmt: skip
 

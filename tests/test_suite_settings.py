@@ -75,6 +75,22 @@ def _imports_its_own_helper() -> None:
     run(["model=vit"])
 
 
+def _calls_zoo_app_run() -> None:
+    import zoo.app
+
+    zoo.app.run(["model=vit"])
+
+
+def _imports_zoo_app_run() -> None:
+    from zoo.app import run
+
+    run(["model=vit"])
+
+
+def _calls_run_imported_at_the_top() -> None:
+    zoo_run(["model=vit"])
+
+
 def _runs_a_benchmark() -> None:
     from experiments import attention_benchmark
 
@@ -99,6 +115,7 @@ def _spawns_a_process_group() -> None:
 
 
 run_cli_alias = __import__("tests.helpers", fromlist=["run_cli"]).run_cli
+zoo_run = __import__("zoo.app", fromlist=["run"]).run
 
 
 @pytest.mark.parametrize(
@@ -108,6 +125,9 @@ run_cli_alias = __import__("tests.helpers", fromlist=["run_cli"]).run_cli
         ((_calls_run_in_process_through_the_module,), "runs zoo end to end (run_in_process)"),
         ((_calls_a_helper_that_starts_a_process,), "starts a process (subprocess)"),
         ((_imports_its_own_helper,), "runs zoo end to end (run_in_process)"),
+        ((_calls_zoo_app_run,), "runs zoo end to end (zoo.app.run)"),
+        ((_imports_zoo_app_run,), "runs zoo end to end (zoo.app.run)"),
+        ((_calls_run_imported_at_the_top,), "runs zoo end to end (zoo.app.run)"),
         ((_runs_a_benchmark,), "runs a benchmark (experiments)"),
         ((_spawns_a_process_group,), "starts a process (multiprocessing)"),
         ((_computes_in_this_process, _calls_run_cli), "runs zoo end to end (run_cli)"),  # a fixture that runs zoo

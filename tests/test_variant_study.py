@@ -245,13 +245,13 @@ def test_finished_jobs_go_to_the_ledger_and_reuse_takes_them_from_it(tmp_path: P
 @pytest.mark.parametrize("status", [130, 138, 143])
 def test_a_job_stopped_by_a_signal_stops_the_study(status: int, tmp_path: Path, monkeypatch) -> None:
     # run.py takes Ctrl-C / SIGUSR1 / SIGTERM as "save and stop"; in-process, the study must stop with it.
-    def stopped(path, run_name):
+    def stopped(overrides):
         raise SystemExit(status)
 
-    monkeypatch.setattr(variant_study.runpy, "run_path", stopped)
+    monkeypatch.setattr(variant_study.zoo.app, "run", stopped)
     with pytest.raises(SystemExit, match=r"the study was stopped .*--resume continues it"):
         variant_study.run_in_process(["model=vit"], tmp_path / "job.log")
-    monkeypatch.setattr(variant_study.runpy, "run_path", lambda path, run_name: None)
+    monkeypatch.setattr(variant_study.zoo.app, "run", lambda overrides: {})
     assert variant_study.run_in_process(["model=vit"], tmp_path / "job.log") == 0
 
 

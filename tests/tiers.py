@@ -2,7 +2,8 @@
 
 A test is end-to-end (the `e2e` tier, `python -m pytest -q --e2e`) when its code, a fixture it uses, or a helper
 of the tests package that either calls reaches one of:
-- a run of zoo's command line: `run_cli`, `start` (a new interpreter), `run_in_process` (run.py under runpy);
+- a run of zoo's command line: `zoo.app.run`, or the helpers `run_cli`, `start` (a new interpreter),
+  `run_in_process` (zoo.app.run);
 - a new process or process group: `subprocess`, `multiprocessing` / `torch.multiprocessing`, `runpy`, `os.fork`;
 - a benchmark or study of experiments/: `run_benchmark`, or `main` / `run` of a script of experiments/ (imported as
   `experiments.x`, or as `x` with the folder on sys.path).
@@ -74,6 +75,8 @@ def end_to_end_reason(functions: Iterable[Callable]) -> str | None:
                 return f"starts a process ({sorted(names & PROCESS_MODULES)[0]})"
             if "tests.helpers" in names and names & RUN_HELPERS:
                 return f"runs zoo end to end ({sorted(names & RUN_HELPERS)[0]})"
+            if "zoo.app" in names and "run" in names:  # `from zoo.app import run`
+                return "runs zoo end to end (zoo.app.run)"
             if any(name.split(".")[0] == "experiments" for name in names) and names & BENCHMARK_ENTRIES:
                 return "runs a benchmark (experiments)"
             for name in names:
@@ -85,10 +88,14 @@ def end_to_end_reason(functions: Iterable[Callable]) -> str | None:
                         return f"runs zoo end to end ({sorted(names & RUN_HELPERS)[0]})"
                     if obj.__name__ in PROCESS_MODULES:
                         return f"starts a process ({obj.__name__})"
+                    if obj.__name__ in ("zoo", "zoo.app") and "run" in names and "app" in names | {obj.__name__[4:]}:
+                        return "runs zoo end to end (zoo.app.run)"  # zoo.app.run(...), app.run(...)
                     if obj.__name__ == "os" and "fork" in names:
                         return "starts a process (os.fork)"
                     if _is_experiment(obj) and names & BENCHMARK_ENTRIES:
                         return f"runs a benchmark ({obj.__name__})"
+                elif inspect.isfunction(obj) and (obj.__module__, obj.__name__) == ("zoo.app", "run"):
+                    return "runs zoo end to end (zoo.app.run)"
                 elif inspect.isfunction(obj) and obj.__module__ == "tests.helpers" and obj.__name__ in RUN_HELPERS:
                     return f"runs zoo end to end ({obj.__name__})"
                 elif inspect.isfunction(obj) and _is_experiment(sys.modules.get(obj.__module__)):

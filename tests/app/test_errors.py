@@ -164,13 +164,13 @@ CASES = [
 )  # fmt: skip
 def test_a_null_config_group_is_one_line_naming_the_override_that_works(args, fragment) -> None:
     """Hydra's parser takes no null for a group ("Config group override must be a string or a list"), naming no key."""
-    from zoo.app.cli import prepare_arguments
+    from zoo.app.cli import RunFolders, prepare_arguments
     from zoo.errors import UsageError
 
     with pytest.raises(UsageError) as info:
-        prepare_arguments(args)
+        prepare_arguments(args, RunFolders())
     assert fragment in str(info.value) and "\n" not in str(info.value)
-    assert prepare_arguments(["model=rnn_translation", "model.net.attention=null"])  # the override it names
+    assert prepare_arguments(["model=rnn_translation", "model.net.attention=null"], RunFolders())  # the override
 
 
 @pytest.mark.parametrize(

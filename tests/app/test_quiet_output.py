@@ -123,30 +123,3 @@ def test_gpt_and_translation_runs_end_with_their_command(family: str, expected: 
     next_command(cfg)
     last = capsys.readouterr().out.strip().splitlines()[-1].strip()
     assert last.startswith(f"python run.py model={family} ckpt_path=") and last.endswith(expected), last
-
-
-def test_three_hops_from_run_py_to_trainer_fit(tmp_path: Path, monkeypatch, capsys) -> None:
-    """cli -> main (Hydra's task) -> the mode (train_and_test, inside the task_wrapper decorator) -> trainer.fit,
-    as lightning-hydra-template's train.py: the functions of zoo and run.py on the stack when fit is called."""
-    import inspect
-
-    import lightning
-
-    from tests.helpers import ROOT
-
-    seen: list[str] = []
-
-    def fit(self, *args, **kwargs):
-        ours = (ROOT / "run.py", ROOT / "zoo")  # not the venv's packages (ROOT/.venv), e.g. xdist's gateway
-        frames = [
-            f
-            for f in inspect.stack()
-            if Path(f.filename).is_file() and any(Path(f.filename).resolve().is_relative_to(p) for p in ours)
-        ]
-        seen.extend(f"{Path(f.filename).name}:{f.function}" for f in reversed(frames) if "tests" not in f.filename)
-        raise KeyboardInterrupt  # stop here: the stack is what this test wants
-
-    monkeypatch.setattr(lightning.Trainer, "fit", fit)
-    with pytest.raises(KeyboardInterrupt):
-        run_in_process(["model=vit", "print_config=false", "logger=none", f"paths.log_dir={tmp_path}"], capsys)
-    assert seen == ["run.py:<module>", "run.py:cli", "run.py:main", "main.py:task", "pipeline.py:train_and_test"]

@@ -22,7 +22,7 @@ import lightning  # noqa: F401  (imported before any test captures stderr: Light
 import pytest
 import torch
 
-import zoo.app.main
+import zoo.app.job
 import zoo.training.checkpoints
 from tests.faults.conftest import TINY_VIT, assert_same_metrics, error_lines, fault, metrics_of, only_run_dir, run
 from tests.helpers import run_in_process
@@ -133,7 +133,7 @@ def test_a_full_disk_met_outside_the_checkpoint_writer_names_the_last_good_check
     def full_disk(cfg, metrics) -> None:  # the disk fills up after training, as metrics.json is written
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(Path(cfg.paths.output_dir) / "metrics.json"))
 
-    monkeypatch.setattr(zoo.app.main, "report", full_disk)
+    monkeypatch.setattr(zoo.app.job, "report", full_disk)
     run_dir = tmp_path / "vit" / "run"
     code, out, err = run_in_process(
         [*TINY_VIT, "trainer.max_epochs=1", "logger=csv", f"hydra.run.dir={run_dir}"], capsys

@@ -15,7 +15,7 @@ import torch
 import torchvision
 
 from tests.helpers import run_in_process
-from zoo.app.cli import claim_run_dir, discard_unstarted_run, keep_run_folder
+from zoo.app.cli import STARTED, RunFolders, keep_run_folder
 from zoo.data.tokenizers import train_char_tokenizer
 from zoo.models import clip, gpt, sequence_classifier, translation, vit  # noqa: F401  (every family's config)
 from zoo.models.clip import CLIPConfig
@@ -114,20 +114,22 @@ def test_bad_input_is_answered_before_the_config_and_leaves_no_run_folder(tmp_pa
     assert "config" not in out.splitlines() and "model_checkpoint" not in out  # no config tree before the error
     assert not (tmp_path / "vit").exists()  # neither the run folder nor the task folder it had to create
 
-    started = Path(claim_run_dir(str(tmp_path / "vit" / "run")))
+    folders = RunFolders()
+    started = Path(folders.claim(str(tmp_path / "vit" / "run")))
     (started / ".hydra").mkdir()
     (started / "checkpoints").mkdir()
-    assert not discard_unstarted_run(started) and started.is_dir()  # it started: kept
+    assert not folders.discard_unstarted(started) and started.is_dir()  # it started: kept
     other = tmp_path / "not_claimed"
     (other / ".hydra").mkdir(parents=True)
-    assert not discard_unstarted_run(other) and other.is_dir()  # not this process's: kept
-    refused = Path(claim_run_dir(str(tmp_path / "vit" / "refused")))
+    assert not folders.discard_unstarted(other) and other.is_dir()  # not this process's: kept
+    refused = Path(folders.claim(str(tmp_path / "vit" / "refused")))
     (refused / "tensorboard").mkdir()  # what the loggers write as Lightning sets up
-    assert discard_unstarted_run(refused) and not refused.exists()
-    trained = Path(claim_run_dir(str(tmp_path / "vit" / "trained")))
+    assert folders.discard_unstarted(refused) and not refused.exists()
+    trained = Path(folders.claim(str(tmp_path / "vit" / "trained")))
     (trained / "tensorboard").mkdir()
     keep_run_folder(trained)  # it took a training step (zoo.app.pipeline.kept_once_trained)
-    assert not discard_unstarted_run(trained) and trained.is_dir()
+    assert (trained / STARTED).is_file()
+    assert not folders.discard_unstarted(trained) and trained.is_dir()
 
 
 # -- checkpoints and weights -------------------------------------------------------------------------------

@@ -1,14 +1,15 @@
-"""What run.py does before Hydra starts: check the command line and plan a resume.
+"""What `zoo.app.run` does before Hydra starts: check the command line and plan a resume.
 
 Kept free of torch and Lightning imports so that a mistyped option is answered in about a second.
 
-- `prepare_arguments(args)`: rejects unknown config-group options (`model=foo`) before Hydra starts, and
-  turns `auto_resume=<run dir>` / `ckpt_path=<run dir>/checkpoints/x.ckpt` into a run that continues in
+- `prepare_arguments(args, folders)`: rejects unknown config-group options (`model=foo`) before Hydra starts,
+  and turns `auto_resume=<run dir>` / `ckpt_path=<run dir>/checkpoints/x.ckpt` into a run that continues in
   that directory with that run's own overrides.
-- The `fresh_dir` resolver (conf/hydra/default.yaml): a run directory no other run has claimed; a run that
-  fails before it starts (bad input) takes its directory away again (`discard_unstarted_run`).
-- The `image_classes` resolver (conf/data/image_folder.yaml): num_classes counted from the class folders.
-- The `shard_info` resolver (conf/data/*_stream.yaml): num_classes, image size, channels of a shards folder.
+- `RunFolders`: what one run wrote before it started. Its `claim` is the `fresh_dir` resolver
+  (conf/hydra/default.yaml): a run directory no other run has claimed; a run refused for bad input before it
+  started takes its directory away again (`discard_refused`).
+- `register_resolvers`: `image_classes` (conf/data/image_folder.yaml: num_classes counted from the class
+  folders) and `shard_info` (conf/data/*_stream.yaml: num_classes, image size, channels of a shards folder).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import contextlib
 import itertools
 import re
 import shutil
-import warnings
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -29,86 +30,92 @@ from zoo.errors import UsageError
 # ---------------------------------------------------------------------------------------------------------
 # Run directories
 # ---------------------------------------------------------------------------------------------------------
-CLAIMED: list[Path] = []  # the run directories this process created
-PARENTS: list[Path] = []  # the folders above them it had to create (outputs/<task>/multirun/), innermost first
-TRAINED: set[Path] = set()  # run directories whose training took a step: kept whatever ends the run
-
-
-def keep_run_folder(folder: str | Path) -> None:
-    """Mark `folder` as a run that started (it trained): a later error keeps it and what its loggers wrote."""
-    TRAINED.add(Path(folder).resolve())
-
-
-def claim_run_dir(path: str) -> str:
-    """Create `path` (or `path_1`, `path_2`, ... if taken) and return it: mkdir is atomic, so two runs
-    started in the same second, even on different machines sharing a disk, never share a directory."""
-    base = Path(path)
-    PARENTS.extend(folder for folder in base.parents if not folder.exists())
-    base.parent.mkdir(parents=True, exist_ok=True)
-    for attempt in itertools.count():
-        candidate = base if attempt == 0 else base.with_name(f"{base.name}_{attempt}")
-        try:
-            candidate.mkdir()
-        except FileExistsError:
-            continue
-        CLAIMED.append(candidate)
-        return str(candidate)
-    raise AssertionError("unreachable")
-
-
 # What Hydra and the loggers write into a run directory before the first training step: a folder holding nothing
 # more is a run that never started (a checkpoint, metrics.json or a mode's results mean it did).
 HYDRA_ONLY = {".hydra", "run.log", "multirun.yaml"}  # multirun.yaml: a sweep directory before its first job
 LOGGER_FOLDERS = {"tensorboard", "csv", "wandb", "lightning_logs"}
+# Written by a run once it took a training step (zoo.app.pipeline.kept_once_trained): whatever ends the run then,
+# its folder and what its loggers wrote are kept. A file, not a note in this process, so that every rank of a
+# launch and a later resume see it; inside .hydra/, Hydra's own folder, so it adds nothing to the run's outputs.
+STARTED = Path(".hydra") / "started"
 
 
-def discard_unstarted_run(folder: str | Path | None = None, loggers_too: bool = True) -> bool:
-    """Remove `folder` (default: the run directory this process created last) if this process created it and
-    it holds only Hydra's own files (and, with `loggers_too`, the loggers' folders, which Lightning creates as
-    it sets up): a run refused for bad input before it started. True if removed; a directory with anything
-    else in it is kept."""
-    if not CLAIMED:
-        return False
-    folder = Path(folder).resolve() if folder is not None else CLAIMED[-1].resolve()
-    if folder not in {claimed.resolve() for claimed in CLAIMED} or folder in TRAINED:
-        return False
-    unstarted = HYDRA_ONLY | (LOGGER_FOLDERS if loggers_too else set())
-    if not folder.is_dir() or not {p.name for p in folder.iterdir()} <= unstarted:
-        return False
-    shutil.rmtree(folder, ignore_errors=True)
-    for parent in PARENTS:  # the empty folders above it that this process created
-        with contextlib.suppress(OSError):
-            parent.rmdir()
-    return not folder.exists()
+def keep_run_folder(folder: str | Path) -> None:
+    """Mark `folder` as a run that started (it trained): a later error keeps it and what its loggers wrote."""
+    marker = Path(folder) / STARTED
+    with contextlib.suppress(OSError):  # a full or read-only disk: the run's own fault report says so
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
 
 
-# A resume (`auto_resume=<run dir>`) writes its config to <run dir>/.hydra/resume_<time>/ and appends to the
-# run's run.log: (that folder, run.log's size before) so that a refused resume leaves the run as it was.
-RESUME_BOOKKEEPING: list[tuple[Path, Path, int]] = []
+@dataclass
+class RunFolders:
+    """What one `zoo.app.run` writes before its run starts, so that a run refused for bad input takes it away
+    again: the run directories it created (`claim`, Hydra's `fresh_dir` resolver), the folders above them it had to
+    create (innermost first), and what a resume wrote into an earlier run (its config folder; run.log's size
+    before)."""
 
+    claimed: list[Path] = field(default_factory=list)
+    parents: list[Path] = field(default_factory=list)
+    resume_writes: list[tuple[Path, Path, int]] = field(default_factory=list)
 
-def discard_resume_bookkeeping() -> None:
-    """A resume refused for bad input writes nothing into the run it refuses: its config folder goes, run.log
-    is cut back to what it held."""
-    while RESUME_BOOKKEEPING:
-        config_dir, log_file, size = RESUME_BOOKKEEPING.pop()
-        shutil.rmtree(config_dir, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            if log_file.is_file() and log_file.stat().st_size > size:
-                with log_file.open("r+b") as handle:
-                    handle.truncate(size)
+    def register(self) -> None:
+        """Make this object the one `${fresh_dir:...}` (conf/hydra/default.yaml) claims directories for."""
+        # use_cache: one directory per config; Hydra copies the cache into every job of a sweep.
+        OmegaConf.register_new_resolver("fresh_dir", self.claim, use_cache=True, replace=True)
 
+    def claim(self, path: str) -> str:
+        """Create `path` (or `path_1`, `path_2`, ... if taken) and return it: mkdir is atomic, so two runs
+        started in the same second, even on different machines sharing a disk, never share a directory."""
+        base = Path(path)
+        self.parents.extend(folder for folder in base.parents if not folder.exists())
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in itertools.count():
+            candidate = base if attempt == 0 else base.with_name(f"{base.name}_{attempt}")
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            self.claimed.append(candidate)
+            return str(candidate)
+        raise AssertionError("unreachable")
 
-def discard_refused_run(folder: str | Path | None = None, bad_input: bool = True) -> None:
-    """After a run ended with one error line: bad input leaves nothing behind (the run folder it claimed, or
-    what a resume wrote into its run); a fault of the machine keeps whatever the run had begun."""
-    if bad_input:
-        discard_resume_bookkeeping()
-    discard_unstarted_run(folder, loggers_too=bad_input)
+    def discard_unstarted(self, folder: str | Path | None = None, loggers_too: bool = True) -> bool:
+        """Remove `folder` (default: the run directory claimed last) if claimed here, never started (no STARTED
+        mark) and holding only Hydra's own files (and, with `loggers_too`, the loggers' folders, which Lightning
+        creates as it sets up): a run refused for bad input before it started. True if removed; a directory with
+        anything else in it is kept."""
+        if not self.claimed:
+            return False
+        folder = Path(folder).resolve() if folder is not None else self.claimed[-1].resolve()
+        if folder not in {claimed.resolve() for claimed in self.claimed} or (folder / STARTED).exists():
+            return False
+        unstarted = HYDRA_ONLY | (LOGGER_FOLDERS if loggers_too else set())
+        if not folder.is_dir() or not {p.name for p in folder.iterdir()} <= unstarted:
+            return False
+        shutil.rmtree(folder, ignore_errors=True)
+        for parent in self.parents:  # the empty folders above it that this run created
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        return not folder.exists()
 
+    def discard_resume_writes(self) -> None:
+        """A resume refused for bad input writes nothing into the run it refuses: its config folder goes, run.log
+        is cut back to what it held."""
+        while self.resume_writes:
+            config_dir, log_file, size = self.resume_writes.pop()
+            shutil.rmtree(config_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                if log_file.is_file() and log_file.stat().st_size > size:
+                    with log_file.open("r+b") as handle:
+                        handle.truncate(size)
 
-# use_cache: one directory per config; Hydra copies the cache into every job of a sweep.
-OmegaConf.register_new_resolver("fresh_dir", claim_run_dir, use_cache=True, replace=True)
+    def discard_refused(self, folder: str | Path | None = None, bad_input: bool = True) -> None:
+        """After a run ended with one error line: bad input leaves nothing behind (the run folder it claimed, or
+        what a resume wrote into its run); a fault of the machine keeps whatever the run had begun."""
+        if bad_input:
+            self.discard_resume_writes()
+        self.discard_unstarted(folder, loggers_too=bad_input)
 
 
 def count_image_classes(data_dir: str) -> int:
@@ -119,9 +126,6 @@ def count_image_classes(data_dir: str) -> int:
     return len(image_folder_classes(data_dir))
 
 
-OmegaConf.register_new_resolver("image_classes", count_image_classes, replace=True)
-
-
 def shard_info(data_dir: str, key: str) -> object:
     """`${shard_info:<shards folder>,<key>}` (conf/data/*_stream.yaml): what the model reads from a shards folder's
     zoo.json (num_classes, image_size, in_channels); a folder that is not one is one DataError."""
@@ -130,14 +134,14 @@ def shard_info(data_dir: str, key: str) -> object:
     return read(data_dir, key)
 
 
-OmegaConf.register_new_resolver("shard_info", shard_info, replace=True)
-
-# conf/hydra/launcher/{submitit_slurm,joblib}.yaml take the names of the plugins' structured configs on purpose
-# (users type the names they know); Hydra then validates each file against that schema and warns that this
-# matching is deprecated. The files list every field, so they also work once the matching is gone.
-warnings.filterwarnings(
-    "ignore", message=r"\s*'hydra/launcher/(submitit_slurm|joblib)' is validated against ConfigStore schema"
-)
+def register_resolvers() -> None:
+    """The resolvers conf/ uses (zoo.app.setup calls this): image_classes and shard_info, and a fresh_dir that
+    claims directories for nobody in particular (compose without a run); `zoo.app.run` binds fresh_dir to its
+    own RunFolders."""
+    OmegaConf.register_new_resolver("image_classes", count_image_classes, replace=True)
+    OmegaConf.register_new_resolver("shard_info", shard_info, replace=True)
+    if not OmegaConf.has_resolver("fresh_dir"):
+        RunFolders().register()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -193,12 +197,13 @@ def original_overrides(run_dir: Path) -> list[str]:
     return [str(o) for o in overrides if (split_override(str(o)) or ("", ""))[0] not in skip]
 
 
-def prepare_arguments(args: list[str], conf: Path = CONF) -> list[str]:
+def prepare_arguments(args: list[str], folders: RunFolders, conf: Path = CONF) -> list[str]:
     """Check the command line and plan a resume; returns the arguments Hydra should see.
 
     `auto_resume=<run dir>` (or `ckpt_path=<run dir>/checkpoints/<file>.ckpt` when training) continues
     that run: its original overrides come first (yours win), Hydra writes into that directory, and this
-    launch's config goes to .hydra/resume_<time>/ so the original stays as it was.
+    launch's config goes to .hydra/resume_<time>/ so the original stays as it was (noted in `folders`, so that
+    a refused resume takes it away again).
     """
     check_group_choices(args, conf)
     values = dict(filter(None, map(split_override, args)))
@@ -224,7 +229,7 @@ def prepare_arguments(args: list[str], conf: Path = CONF) -> list[str]:
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     log_file = run_dir.resolve() / "run.log"
     size = log_file.stat().st_size if log_file.is_file() else 0
-    RESUME_BOOKKEEPING.append((run_dir.resolve() / ".hydra" / f"resume_{stamp}", log_file, size))
+    folders.resume_writes.append((run_dir.resolve() / ".hydra" / f"resume_{stamp}", log_file, size))
     return [
         *inherited,
         *args,

@@ -1,6 +1,6 @@
 """The run modes of `python run.py mode=<name>`: one explicit table, name -> function(cfg) -> metrics.
 
-train           fit, then test the best (or last) checkpoint                 every model (zoo.app.pipeline)
+train           fit, then test the best (or last) checkpoint                 every model (zoo.app.train)
 generate        sample text from a GPT checkpoint                            model=gpt
 translate       translate sentences with a translation checkpoint           model=translation | rnn_translation
 predict         top-k classes of images                                      model=vit
@@ -35,8 +35,8 @@ from torch import nn
 
 from zoo.app.explain import chosen_method, chosen_steps, explain_files
 from zoo.app.hints import shown_path
-from zoo.app.main import task_wrapper
-from zoo.app.pipeline import instantiate_list, train_and_test
+from zoo.app.pipeline import instantiate_list
+from zoo.app.train import train
 from zoo.data.captions import encode_captions, fill_templates
 from zoo.data.parallel_text import decode_ids, encode_sources, pad_sequences
 from zoo.data.preprocessing import IMAGE_SUFFIXES, ImagePreprocessing, image_files
@@ -456,33 +456,17 @@ def shard(cfg: DictConfig) -> dict[str, float]:
     return {}
 
 
-# Each mode as Hydra's task: zoo.app.main.task_wrapper seeds, reports, and turns bad input into one line.
-MODES: dict[str, Callable[[DictConfig], float | None]] = {
-    name: task_wrapper(mode, training=name == "train")
-    for name, mode in {
-        "train": train_and_test,
-        "generate": generate,
-        "translate": translate,
-        "predict": predict,
-        "zero_shot": zero_shot,
-        "retrieve": retrieve,
-        "attention_maps": attention_maps,
-        "explain": explain,
-        "export": export,
-        "shard": shard,
-    }.items()
+# mode=<name> -> the function that runs it (cfg -> metrics); zoo.app.job.run_job around it seeds, reports, and turns
+# bad input into one line.
+MODES: dict[str, Callable[[DictConfig], dict[str, float]]] = {
+    "train": train,
+    "generate": generate,
+    "translate": translate,
+    "predict": predict,
+    "zero_shot": zero_shot,
+    "retrieve": retrieve,
+    "attention_maps": attention_maps,
+    "explain": explain,
+    "export": export,
+    "shard": shard,
 }
-
-
-def mode_named(name: str) -> Callable[[DictConfig], float | None]:
-    """The task `mode=<name>` runs (cfg -> the metric sweepers optimise); an unknown name gets a task that
-    refuses it in one line, as every mode refuses bad input."""
-    if name in MODES:
-        return MODES[name]
-
-    @task_wrapper
-    def unknown_mode(cfg: DictConfig) -> dict[str, float]:
-        check_choice("mode", name, MODES)
-        return {}
-
-    return unknown_mode

@@ -1,4 +1,5 @@
-"""What `python run.py` trains with: compose -> instantiate -> fit -> test the best checkpoint.
+"""The pieces `zoo.app.train.train` is built from: the trainer with zoo's safety net, the checks before fit, and
+the faults during it.
 
 Everything is built from the Hydra config with `hydra.utils.instantiate`, so the YAML files in conf/ are the
 documentation of every knob. Every trainer also gets zoo's safety net (zoo/training/): atomic checkpoint
@@ -6,7 +7,7 @@ writes, generator states in checkpoints (exact resume), a stop on a non-finite l
 SIGTERM / SIGUSR1 / Ctrl-C (a SLURM requeue on SIGUSR1), and mixed precision that clips gradients with fused
 optimisers. Checkpoints are read through zoo.weights (no code runs). Faults of the machine during fit or test (a
 full or read-only disk, a rank or data-loader worker that died) end as one MachineFault naming the last good
-checkpoint (`survivable_faults`).
+checkpoint (`survivable_faults`); a stop by a signal ends the process with its status (`fitting`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import json
 import logging
 import signal
 import sys
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +26,7 @@ import hydra
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ModelSummary
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins import Precision
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
@@ -43,7 +44,6 @@ from zoo.attention import kernel_notices
 from zoo.data.samples import lost_worker
 from zoo.errors import CheckpointError, MachineFault, UsageError, storage_failure
 from zoo.tasks.base import ZooTask
-from zoo.training.banners import silence_banners
 from zoo.training.callbacks import CheckpointOnInterrupt, ResumeState, StopOnNonFiniteLoss, checkpoint_folder
 from zoo.training.checkpoints import (
     AtomicCheckpointIO,
@@ -55,14 +55,9 @@ from zoo.training.checkpoints import (
 from zoo.training.distributed import lost_peer
 from zoo.training.loggers import log_hydra_config
 from zoo.training.precision import mixed_precision_plugin, resolve_precision
-from zoo.training.pruning import pruned_trial
 from zoo.weights import read_checkpoint
 
 log = logging.getLogger("zoo")
-
-# Lightning 2.6 on torch 2.14 warns about its own pytree use on every run; it is not the user's to fix.
-warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-silence_banners()  # Lightning's tips and "TPU available: False" lines (zoo/training/banners.py)
 
 
 @rank_zero_only
@@ -90,16 +85,31 @@ def with_safety_net(callbacks: list[Callback]) -> list[Callback]:
     return callbacks + [c for c in wanted if not any(isinstance(have, type(c)) for have in callbacks)]
 
 
-def build(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule, L.Trainer]:
-    datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
+def instantiate_task(cfg: DictConfig) -> ZooTask:
+    """The model's Lightning task; what its attention would quietly do differently than asked is said now (e.g. a
+    local window as long as the model's sequences)."""
     task = hydra.utils.instantiate(cfg.model, _convert_="all")
-    for line in kernel_notices(task):  # e.g. a local window as long as the model's sequences
+    for line in kernel_notices(task):
         log.warning(line)
-    callbacks = with_safety_net(instantiate_list(cfg.get("callbacks"))) + trial_callbacks(cfg)  # Optuna pruning
+    return task
+
+
+def instantiate_callbacks(cfg: DictConfig) -> list[Callback]:
+    """The configured callbacks, zoo's safety net, and the Optuna pruner of a sweep trial."""
+    callbacks = with_safety_net(instantiate_list(cfg.get("callbacks"))) + trial_callbacks(cfg)
     if not cfg.trainer.get("enable_model_summary", True):  # the switch turns the configured summary off too
         callbacks = [c for c in callbacks if not isinstance(c, ModelSummary)]
+    return callbacks
+
+
+def instantiate_loggers(cfg: DictConfig) -> list[Logger]:
     loggers = instantiate_list(cfg.get("logger"))
     log_hydra_config(loggers, redacted(cfg))  # W&B: the resolved config of the run (secrets as ***)
+    return loggers
+
+
+def instantiate_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logger]) -> L.Trainer:
+    """cfg.trainer with atomic checkpoint writes and the precision `auto` resolves to on this hardware."""
     check_devices(cfg.trainer)
     plugins = hydra.utils.instantiate(cfg.trainer.get("plugins"), _convert_="all") or []
     plugins = plugins if isinstance(plugins, list) else [plugins]
@@ -114,10 +124,9 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule, L.
     if precision is not None and not any(isinstance(p, Precision) for p in plugins):
         plugins.append(precision)  # clips gradients with fused optimisers too (zoo/training/precision.py)
         options["precision"] = None
-    trainer = hydra.utils.instantiate(
+    return hydra.utils.instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=plugins, _convert_="all", **options
     )
-    return datamodule, task, trainer
 
 
 def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
@@ -196,54 +205,15 @@ def test_checkpoint(cfg: DictConfig) -> str:
     return choice
 
 
-def train_and_test(cfg: DictConfig) -> dict[str, float]:
-    """Fit (if cfg.train), then test the best (or last) checkpoint (if cfg.test); returns all scalar metrics.
-    The config is printed once everything is built and checked: a mistake is answered before ~150 lines of it."""
-    test_checkpoint(cfg)  # a bad choice fails before training, not after
-    datamodule, task, trainer = build(cfg)
-    metrics: dict[str, float] = {}
-    # The data is read now (Lightning's own setup call then finds it done) and the network takes from it what it
-    # is built with (GPT: the vocabulary), so that a bad file, and a checkpoint that does not fit the whole
-    # network, are answered before the config is printed and before any logger writes into the run directory
-    # (the CSV logger deletes a resumed run's metrics.csv as it starts, TensorBoard opens a new event file).
-    datamodule.setup("fit" if cfg.get("train", True) else "test")
-    task.take_data(datamodule)
-    ckpt_path = prepare_checkpoint(cfg, task)
-    if cfg.get("print_config") is not False:  # null (the default) or true: training shows its config
-        print_config_tree(cfg)
-    if cfg.get("train", True):
-        if ckpt_path:
-            log.info(f"resuming from {ckpt_path}")
-        try:
-            with kept_once_trained(trainer, cfg), survivable_faults(trainer):
-                trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
-        except SIGTERMException:
-            sys.exit(interrupt_status(trainer))  # 128 + the signal, as if it had ended the process (after saving)
-        except SystemExit:
-            if not trainer.interrupted:
-                raise
-            sys.exit(130)  # Lightning exits 1 on Ctrl-C; 130 = 128 + SIGINT, as shells report it
-        metrics.update(scalar_metrics(trainer.callback_metrics))
-        if ckpt_path and not metrics:  # resumed at the end of its training: fit ran no step and no validation
-            metrics.update(complete_run_metrics(cfg, trainer, task, datamodule))
-        if (pruned := pruned_trial(trainer)) is not None:  # stopped by its Optuna pruner: no test
-            if trainer.is_global_zero:
-                raise pruned  # the sweeper records the trial as PRUNED
-            return metrics
-        ckpt_path = None  # test_ckpt=last: the weights training ended with
-        checkpoint = trainer.checkpoint_callback
-        if test_checkpoint(cfg) == "best" and checkpoint is not None:
-            if checkpoint.best_model_path:
-                ckpt_path = checkpoint.best_model_path
-            elif cfg.get("test", True):
-                log.warning(no_best_checkpoint_note(cfg))
-    if cfg.get("test", True):
-        if not cfg.get("train", True) and ckpt_path is None:
-            raise ValueError("train=false needs ckpt_path=<checkpoint to evaluate>")
-        with survivable_faults(trainer):
-            trainer.test(task, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
-        metrics.update(scalar_metrics(trainer.callback_metrics))
-    return metrics
+def tested_checkpoint(cfg: DictConfig, trainer: L.Trainer) -> str | None:
+    """What test_ckpt= names after training: the best checkpoint, or None for the weights training ended with
+    (test_ckpt=last, or no best checkpoint was saved: said in the log)."""
+    checkpoint = trainer.checkpoint_callback
+    if test_checkpoint(cfg) != "best" or checkpoint is None:
+        return None
+    if not checkpoint.best_model_path and cfg.get("test", True):
+        log.warning(no_best_checkpoint_note(cfg))
+    return checkpoint.best_model_path or None
 
 
 def complete_run_metrics(
@@ -278,9 +248,24 @@ def interrupt_status(trainer: L.Trainer) -> int:
 
 
 @contextmanager
+def fitting(trainer: L.Trainer, cfg: DictConfig) -> Iterator[None]:
+    """Around trainer.fit: a stop by a signal ends the process with that signal's status (after the checkpoint
+    CheckpointOnInterrupt saved), a run that took a step keeps its folder, a fault of the machine is one line."""
+    try:
+        with kept_once_trained(trainer, cfg), survivable_faults(trainer):
+            yield
+    except SIGTERMException:
+        sys.exit(interrupt_status(trainer))  # 128 + the signal, as if it had ended the process (after saving)
+    except SystemExit:
+        if not trainer.interrupted:
+            raise
+        sys.exit(130)  # Lightning exits 1 on Ctrl-C; 130 = 128 + SIGINT, as shells report it
+
+
+@contextmanager
 def kept_once_trained(trainer: L.Trainer, cfg: DictConfig) -> Iterator[None]:
     """A run that took a training step keeps its folder whatever stops it (a non-finite loss at step 3 keeps
-    its logs); one refused before its first step leaves nothing (zoo.app.cli.discard_unstarted_run)."""
+    its logs); one refused before its first step leaves nothing (zoo.app.cli.RunFolders.discard_refused)."""
     try:
         yield
     except BaseException:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from omegaconf import OmegaConf
 
-from zoo.app.cli import discard_refused_run
+from zoo.app.cli import RunFolders
 from zoo.app.overrides import compose_defaults, is_group, split_override
 from zoo.errors import USER_ERRORS, MachineFault, one_line, storage_failure, storage_message
 
@@ -238,47 +238,42 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
-# Set by reporting_errors (run.py) to the user's own HYDRA_FULL_ERROR choice; None when zoo runs without it.
-_traceback_wanted: bool | None = None
-USER_CHOICE = "ZOO_USER_HYDRA_FULL_ERROR"  # that choice, for the rank processes Lightning starts with our environment
+USER_CHOICE = "ZOO_USER_HYDRA_FULL_ERROR"  # the user's own HYDRA_FULL_ERROR, while reporting_errors sets it to 1
 
 
 def full_error_requested() -> bool:
-    """Whether the user asked for full tracebacks (HYDRA_FULL_ERROR=1)."""
-    if _traceback_wanted is not None:
-        return _traceback_wanted
-    return os.environ.get("HYDRA_FULL_ERROR") == "1"
+    """Whether the user asked for full tracebacks (HYDRA_FULL_ERROR=1): inside `reporting_errors` (and in the rank
+    processes Lightning starts with its environment) the choice it kept aside, elsewhere the variable itself."""
+    return os.environ.get(USER_CHOICE, os.environ.get("HYDRA_FULL_ERROR")) == "1"
 
 
 @contextlib.contextmanager
-def reporting_errors(args: list[str] | None = None) -> Iterator[None]:
-    """Around run.py's Hydra main: bad input -> `error: <one line>` on stderr and exit status 2.
+def reporting_errors(args: list[str], folders: RunFolders) -> Iterator[None]:
+    """Around `zoo.app.run`: bad input -> `error: <one line>` on stderr and exit status 2; a run `folders`
+    claimed that never started is taken away again.
 
     Hydra prints its own errors (unknown keys, bad override syntax) over several lines; with
     HYDRA_FULL_ERROR set inside, they reach this handler instead. A user's HYDRA_FULL_ERROR=1 still shows
     every traceback; bugs (errors that are not bad input) keep theirs either way. The processes Lightning starts
     for the other ranks inherit this environment: they read the user's own choice from USER_CHOICE.
     """
-    global _traceback_wanted
     previous = os.environ.get("HYDRA_FULL_ERROR")
     inherited = os.environ.get(USER_CHOICE)
-    _traceback_wanted = (inherited if inherited is not None else previous) == "1"
-    os.environ[USER_CHOICE] = "1" if _traceback_wanted else "0"
+    os.environ[USER_CHOICE] = "1" if full_error_requested() else "0"
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         yield
     except Exception as error:
-        if _traceback_wanted:
+        if full_error_requested():
             raise
-        message = user_error_message(error, args if args is not None else sys.argv[1:])
+        message = user_error_message(error, args)
         if message is None:
             traceback.print_exc()
             sys.exit(1)
-        discard_refused_run(bad_input=exit_status(error) != EXIT_FAULT)  # a run that never started leaves nothing
+        folders.discard_refused(bad_input=exit_status(error) != EXIT_FAULT)  # a run that never started leaves nothing
         print(f"error: {message}", file=sys.stderr)
         sys.exit(exit_status(error))
     finally:
-        _traceback_wanted = None
         for name, value in (("HYDRA_FULL_ERROR", previous), (USER_CHOICE, inherited)):
             if value is None:
                 os.environ.pop(name, None)

@@ -1,15 +1,14 @@
-"""What every mode of `python run.py` shares, as one decorator (lightning-hydra-template's `task_wrapper`):
-seed, print the config when asked, run the mode, report and save its metrics, end with the next command to
-try; bad input ends as one line (exit status 2), a fault of the machine too (status 3, with how to resume);
-in a sweep, a failed trial is recorded and the sweep goes on (zoo.app.sweep)."""
+"""One job of `zoo.app.run`: what Hydra calls with the composed config (lightning-hydra-template's `task_wrapper`,
+as a function). It seeds, prints the config when asked, runs the mode `cfg.mode` names (zoo.app.modes.MODES;
+train: zoo.app.train.train), reports and saves its metrics, and ends with the next command to try. Bad input ends
+as one line (exit status 2), a fault of the machine too (status 3, with how to resume); in a sweep, a failed trial
+is recorded and the sweep goes on (zoo.app.sweep)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -17,38 +16,36 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, open_dict
 
-from zoo.app.cli import discard_refused_run
+from zoo.app.cli import RunFolders
 from zoo.app.hints import HINT_ROOM, next_command, placement_hint
+from zoo.app.modes import MODES
 from zoo.app.pipeline import checkpoint_dir, prepare_checkpoint, print_config_tree
 from zoo.app.reporting import EXIT_FAULT, exit_status, full_error_requested, unwrap, user_error_message
 from zoo.app.secrets import scrub_saved_config
 from zoo.app.sweep import trial_failed, trial_objective
-from zoo.errors import MachineFault
+from zoo.errors import MachineFault, check_choice
 from zoo.training.checkpoints import last_good_checkpoint_note
 
-Mode = Callable[[DictConfig], dict[str, float]]
 
-
-def task_wrapper(mode: Mode, training: bool = False) -> Callable[[DictConfig], float | None]:
-    """A mode (cfg -> metrics) as Hydra's task (cfg -> the metric named by cfg.optimized_metric, for sweepers),
-    with the failure handling of the command line around it; `training`: the mode that fits a model."""
-
-    @functools.wraps(mode)
-    def task(cfg: DictConfig) -> float | None:
-        try:
-            prepare(cfg, training)
-            metrics = mode(cfg)
-            conclude(cfg, metrics, training)
-        except Exception as error:
-            if in_sweep():
-                return trial_failed(error)  # traceback in the job's run.log and failure.txt; the sweep goes on
-            exit_with_one_line(cfg, error)
+def run_job(cfg: DictConfig, folders: RunFolders) -> tuple[dict[str, float], float | None]:
+    """Run the mode of `cfg` as the command line does: (its metrics, the metric named by cfg.optimized_metric,
+    which sweepers optimise). `folders`: what this run created, taken away again if it is refused."""
+    name = cfg.get("mode", "train")
+    training = name == "train"
+    metrics: dict[str, float] = {}
+    try:
+        check_choice("mode", name, MODES)
+        prepare(cfg, training)
+        metrics = MODES[name](cfg)
+        conclude(cfg, metrics, training)
+    except Exception as error:
         if in_sweep():
-            return trial_objective(cfg, metrics)  # a missing or non-finite metric is a failed trial, not a crash
-        name = cfg.get("optimized_metric")
-        return metrics.get(name) if name else None
-
-    return task
+            return metrics, trial_failed(error)  # traceback in the job's run.log and failure.txt; the sweep goes on
+        exit_with_one_line(cfg, error, folders)
+    if in_sweep():
+        return metrics, trial_objective(cfg, metrics)  # a missing or non-finite metric is a failed trial, not a crash
+    objective = cfg.get("optimized_metric")
+    return metrics, metrics.get(objective) if objective else None
 
 
 def prepare(cfg: DictConfig, training: bool) -> None:
@@ -72,7 +69,7 @@ def conclude(cfg: DictConfig, metrics: dict[str, float], training: bool) -> None
         next_command(cfg)
 
 
-def exit_with_one_line(cfg: DictConfig, error: Exception) -> None:
+def exit_with_one_line(cfg: DictConfig, error: Exception, folders: RunFolders) -> None:
     """Bad input or a fault of the machine: `error: <one line>` on stderr and its exit status; a refused run
     leaves nothing behind. A bug (or HYDRA_FULL_ERROR=1) keeps its traceback."""
     message = user_error_message(error, task_overrides())
@@ -86,7 +83,7 @@ def exit_with_one_line(cfg: DictConfig, error: Exception) -> None:
         if not isinstance(unwrap(error), MachineFault):  # a write outside the checkpoint writer (metrics.json)
             message += f"; {last_good_checkpoint_note(checkpoint_dir(cfg))}"
         message += f"; once fixed, resume with: python run.py auto_resume={output_dir}"
-    discard_refused_run(output_dir, bad_input=status != EXIT_FAULT)  # refused before its first step: no folder
+    folders.discard_refused(output_dir, bad_input=status != EXIT_FAULT)  # refused before its first step: no folder
     print(f"error: {message}", file=sys.stderr)
     sys.exit(status)
 
