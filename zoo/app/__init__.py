@@ -23,14 +23,14 @@ from zoo.app.cli import RunFolders, prepare_arguments, register_resolvers
 from zoo.app.launch import MULTIRUN_FLAGS, external_launch_overrides
 from zoo.app.overrides import CONF
 from zoo.app.reporting import reporting_errors
-from zoo.training.banners import silence_banners
 
 RUN_PY = CONF.parent / "run.py"  # what the processes Lightning starts for the other ranks execute
 
 
 def setup() -> None:
-    """Once a process, before conf/ is composed (calling it again changes nothing): the resolvers conf/ uses, the
-    warnings that are not the user's to fix filtered, and Lightning's banners silenced."""
+    """Once a process, before conf/ is composed (calling it again changes nothing): the resolvers conf/ uses and
+    the warnings that are not the user's to fix filtered. (Lightning's banners are silenced by the job, once
+    Lightning is imported: zoo.app.job.prepare.)"""
     register_resolvers()
     # conf/hydra/launcher/{submitit_slurm,joblib}.yaml take the names of the plugins' structured configs on purpose
     # (users type the names they know); Hydra then validates each file against that schema and warns that this
@@ -40,7 +40,6 @@ def setup() -> None:
     )
     # Lightning 2.6 on torch 2.14 warns about its own pytree use on every run.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-    silence_banners()  # Lightning's tips and "TPU available: False" lines (zoo/training/banners.py)
 
 
 def run(overrides: Sequence[str]) -> dict[str, float] | list[dict[str, float]]:

@@ -24,6 +24,7 @@ from zoo.app.reporting import EXIT_FAULT, exit_status, full_error_requested, unw
 from zoo.app.secrets import scrub_saved_config
 from zoo.app.sweep import trial_failed, trial_objective
 from zoo.errors import MachineFault, check_choice
+from zoo.training.banners import silence_banners
 from zoo.training.checkpoints import last_good_checkpoint_note
 
 
@@ -51,6 +52,7 @@ def run_job(cfg: DictConfig, folders: RunFolders) -> tuple[dict[str, float], flo
 def prepare(cfg: DictConfig, training: bool) -> None:
     """Before any mode: secrets out of the saved config, seeds, matmul precision; the checkpoint of a mode other
     than training checked; the config printed when asked (training prints it once the run is built)."""
+    silence_banners()  # Lightning's tips and "TPU available: False" lines; its console handler exists once imported
     scrub_saved_config(cfg.get("paths", {}).get("output_dir"))
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
