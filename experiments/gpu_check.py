@@ -577,7 +577,7 @@ def render_markdown(report: dict) -> str:
 
 NOT_RUN = """# GPU check (`python experiments/gpu_check.py`)
 
-Not run yet: no session with a GPU has run it. On a machine with a CUDA GPU, `python experiments/gpu_check.py`
+Not run yet: it needs a CUDA GPU, and none has run it. On a machine with one, `python experiments/gpu_check.py`
 (under 8 minutes) replaces this page and gpu_check.json with its results: the flash SDPA path, every attention
 variant against its CPU reference, the ALiBi / T5 score_mods against plain flex, GPT-2 small bf16 tokens/s and MFU,
 a 2-rank DDP step (2 GPUs), and a short bf16-mixed run of run.py.

@@ -29,7 +29,7 @@ SAMPLE_DEFAULTS = {"prompt": "\n", "seed": 0, **asdict(SamplingConfig())}
 # Under trainer.fast_dev_run (debug=fdr: one batch of each loop, to see that a setting is wired) the sample stops
 # after this many tokens: they run every piece of generation (prompt, cache, sampling), and the 200 of the default
 # were the larger part of a small model's debug run (more so with LSH or routing attention, whose every new token
-# re-clusters the whole prefix). Figures: experiments/results/test_suite_time.md, eleventh sitting.
+# re-clusters the whole prefix). Figures: experiments/results/test_suite_time.md, "Debug runs, a forked loader".
 FAST_DEV_RUN_SAMPLE_TOKENS = 16
 
 
