@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from zoo.attention import HeadLayout, LinearAttention, orthogonal_random_features
+from zoo.attention import AttentionCall, HeadLayout, LinearAttention, orthogonal_random_features
 
 
 def textbook_favor(x: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
@@ -97,7 +97,8 @@ def test_favor_decoding_equals_the_formula_token_by_token_in_fp64() -> None:
     tokens, whose state holds one or two keys of small mass, included."""
     kernel, (q, k, v) = fp64_favor_case(heads=2, length=9, features=32, chunk=8, seed=3)
     cache = kernel.new_cache()
-    steps = [kernel.decode(q[:, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1], cache)[0] for i in range(9)]
+    one = AttentionCall()
+    steps = [kernel.decode(q[:, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1], cache, one)[0] for i in range(9)]
     expected = favor_formula(q, k, v, kernel.projection, causal=True)
     torch.testing.assert_close(torch.cat(steps, dim=2), expected, atol=1e-10, rtol=1e-10)
 

@@ -14,7 +14,7 @@ from tests.helpers import compose_config
 from tests.variants import kernel_cases, settings_cases
 from zoo.attention import AttentionConfig, MultiHeadAttention, registry
 from zoo.attention.cache import KVCache, new_tokens_padding
-from zoo.attention.contract import Kernel
+from zoo.attention.contract import AttentionCall, Kernel
 from zoo.attention.functional import dot_product_attention
 
 
@@ -32,20 +32,20 @@ class SharpenedAttention(Kernel):
             raise ValueError(f"attention.sharpness must be a positive number, got {sharpness!r}")
         self.sharpness = sharpness
 
-    def forward(self, q, k, v, *, causal=False, key_padding_mask=None, dropout_p=0.0, need_weights=False, bias=None):
+    def forward(self, q, k, v, call: AttentionCall):
         return dot_product_attention(
-            q * self.sharpness, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
-            need_weights=need_weights,
+            q * self.sharpness, k, v, causal=call.causal, key_padding_mask=call.key_padding_mask,
+            dropout_p=call.dropout_p, need_weights=call.need_weights,
         )  # fmt: skip
 
     def new_cache(self) -> KVCache:
         return KVCache()
 
-    def decode(self, q, k, v, cache, *, key_padding_mask=None, need_weights=False, bias=None):
-        keys, values = cache.append(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
+    def decode(self, q, k, v, cache, call: AttentionCall):
+        keys, values = cache.append(k, v, new_tokens_padding(call.key_padding_mask, k.shape[2]))
         return dot_product_attention(
             q * self.sharpness, keys, values, causal=True, key_padding_mask=cache.key_padding_mask(),
-            need_weights=need_weights,
+            need_weights=call.need_weights,
         )  # fmt: skip
 
 

@@ -9,7 +9,7 @@ from zoo.attention.cache import KVCache, LinearAttentionState, RollingKVCache, S
 from zoo.attention.compressed import CompressedAttention
 from zoo.attention.config import AttentionConfig
 from zoo.attention.contract import (
-    AttentionKernel,
+    AttentionCall,
     DecodingState,
     HeadLayout,
     Kernel,
@@ -40,7 +40,7 @@ __all__ = [
     "ALiBi",
     "AdditiveAttention",
     "AttentionConfig",
-    "AttentionKernel",
+    "AttentionCall",
     "AxialAttention",
     "CompressedAttention",
     "DecodingState",

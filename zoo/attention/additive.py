@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from zoo.attention.cache import KVCache, new_tokens_padding
-from zoo.attention.contract import HeadLayout, Kernel, ScoreBias
+from zoo.attention.contract import AttentionCall, HeadLayout, Kernel
 from zoo.attention.fast import additive as fast_additive
 from zoo.attention.fast import use_fast_kernels
 from zoo.attention.functional import causal_mask, evaluate_bias, repeat_kv
@@ -99,19 +99,12 @@ class AdditiveAttention(Kernel):
         return torch.cat(blocks, dim=2) if len(blocks) > 1 else blocks[0]
 
     def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        causal: bool = False,
-        key_padding_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q (B, H, T, D), k/v (B, G, S, D) -> (B, H, T, D) and, if asked, probabilities (B, H, T, S). Causal
         with fewer queries than keys: the queries are the last positions (decoding)."""
+        causal, key_padding_mask, bias, dropout_p = call.causal, call.key_padding_mask, call.bias, call.dropout_p
+        need_weights = call.need_weights
         groups = q.shape[1] // k.shape[1]
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # the O(T S d) scores dwarf the copy of k and v
         scores = self.scores(q, k, causal)
@@ -139,17 +132,10 @@ class AdditiveAttention(Kernel):
         return KVCache()
 
     def decode(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cache: KVCache,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """New queries (B, H, t, D) attend causally to the cached keys and their own; weights (B, H, t, offset + t)."""
+        key_padding_mask, need_weights, bias = call.key_padding_mask, call.need_weights, call.bias
         keys, values = cache.append(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
         return self(
             q, keys, values, causal=True, key_padding_mask=cache.key_padding_mask(), need_weights=need_weights,

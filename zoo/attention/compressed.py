@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from zoo.attention.contract import HeadLayout, Kernel, ScoreBias, TokenLayout
+from zoo.attention.contract import AttentionCall, HeadLayout, Kernel, TokenLayout
 from zoo.attention.functional import masked_attention, repeat_kv
 from zoo.errors import check_positive_int
 
@@ -90,17 +90,10 @@ class CompressedAttention(Kernel):
         return torch.matmul(projection, folded).view(batch, -1, heads, dim).transpose(1, 2)
 
     def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        causal: bool = False,
-        key_padding_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,  # never given: supports_position_bias is False
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        causal, key_padding_mask, dropout_p = call.causal, call.key_padding_mask, call.dropout_p
+        need_weights = call.need_weights
         length = k.shape[2]
         groups = q.shape[1] // k.shape[1]
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # no cache here, so nothing to save by keeping G heads

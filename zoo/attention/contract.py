@@ -1,16 +1,20 @@
 """The contract between MultiHeadAttention and its kernels, and the decoding states they keep.
 
-A kernel computes attention on heads that are already projected (and rotated, with RoPE):
+A kernel computes attention on heads that are already projected (and rotated, with RoPE). This docstring and
+the `Kernel` base class below are the contract, stated once:
 
-    kernel(q, k, v, *, causal, key_padding_mask, dropout_p, need_weights, bias) -> (out, weights | None)
+    kernel.forward(q, k, v, call) -> (out, weights | None)          call: an AttentionCall
     kernel.new_cache() -> a DecodingState
-    kernel.decode(q, k, v, cache, *, key_padding_mask, need_weights, bias) -> (out, weights | None)
+    kernel.decode(q, k, v, cache, call) -> (out, weights | None)
 
-q is (B, H, T, D), k and v (B, G, S, D), key_padding_mask (B, S) bool (True = padding). `weights`, when
-asked for, are the effective attention probabilities (B, H, T, S): zeros where the kernel does not attend.
-Query rows that may attend to no key output zeros. `decode` is always causal: the new queries (B, H, t, D)
-sit after everything the cache has seen; its key_padding_mask covers the new tokens ((B, t), or (B, offset
-+ t) of which the last t columns are used) and the cache remembers the padding of earlier keys.
+The per-call arguments are one frozen `AttentionCall` (causal, key_padding_mask, dropout_p, need_weights,
+bias); calling a kernel with keywords, `kernel(q, k, v, causal=True)`, makes one. q is (B, H, T, D), k and v
+(B, G, S, D), key_padding_mask (B, S) bool (True = padding). `weights`, when asked for, are the effective
+attention probabilities (B, H, T, S): zeros where the kernel does not attend. Query rows that may attend to no
+key output zeros. `decode` is always causal and never drops (its call's causal and dropout_p are not read): the
+new queries (B, H, t, D) sit after everything the cache has seen; its key_padding_mask covers the new tokens
+((B, t), or (B, offset + t) of which the last t columns are used) and the cache remembers the padding of
+earlier keys.
 
 Grouped-query attention (Ainslie et al. 2023): k and v have G = HeadLayout.kv_heads heads, G dividing H
 (G = H: multi-head, G = 1: multi-query). Query head h attends with key/value head h // (H / G), the grouping
@@ -46,6 +50,7 @@ line in zoo/attention/registry.py and one conf/attention/<name>.yaml of its opti
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -70,39 +75,26 @@ class ScoreBias(Protocol):
     def __call__(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor: ...
 
 
-@runtime_checkable
-class AttentionKernel(Protocol):
-    name: ClassVar[str]
-    supports_cross_attention: ClassVar[bool]
-    supports_causal: ClassVar[bool]
-    supports_position_bias: ClassVar[bool]
+@dataclass(frozen=True)
+class AttentionCall:
+    """What one call of a kernel computes, beside q, k and v (the contract above).
 
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        causal: bool = False,
-        key_padding_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+    Args:
+        causal: query i attends to keys up to its own position (the last T of the S keys).
+        key_padding_mask: (B, S) bool, True where a key is padding; None: no padding.
+        dropout_p: dropout on the attention probabilities (0 at inference).
+        need_weights: also return the probabilities (B, H, T, S).
+        bias: a ScoreBias added to the scaled scores, or None.
+    """
 
-    def new_cache(self) -> DecodingState: ...
+    causal: bool = False
+    key_padding_mask: torch.Tensor | None = None
+    dropout_p: float = 0.0
+    need_weights: bool = False
+    bias: ScoreBias | None = None
 
-    def decode(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cache: Any,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+    def replace(self, **changes: Any) -> AttentionCall:
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -200,13 +192,26 @@ class Kernel(nn.Module):
     def extra_repr(self) -> str:
         return ", ".join(f"{key}={value}" for key, value in self.options().items())
 
-    def forward(self, q, k, v, *, causal=False, key_padding_mask=None, dropout_p=0.0, need_weights=False, bias=None):
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall | None = None, **arguments: Any
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """kernel(q, k, v, call), or kernel(q, k, v, causal=True, ...): the keywords are an AttentionCall's."""
+        return super().__call__(q, k, v, call if call is not None else AttentionCall(**arguments))
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention of q (B, H, T, D) over k, v (B, G, S, D) as `call` says -> (B, H, T, D), weights or None."""
         raise NotImplementedError
 
     def new_cache(self) -> DecodingState:
+        """A fresh decoding state for `decode`."""
         raise NotImplementedError
 
-    def decode(self, q, k, v, cache, *, key_padding_mask=None, need_weights=False, bias=None):
+    def decode(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Any, call: AttentionCall
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """New queries (B, H, t, D) and keys/values (B, G, t, D), causal over the cache and themselves."""
         raise NotImplementedError
 
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from zoo.attention.cache import StaticKVCache
 from zoo.attention.config import AttentionConfig
-from zoo.attention.contract import HeadLayout, Kernel, TokenLayout
+from zoo.attention.contract import AttentionCall, HeadLayout, Kernel, TokenLayout
 from zoo.attention.documents import PackedDocuments
 from zoo.attention.positions import RotaryEmbedding, grid_positions
 from zoo.attention.registry import causal_variants, cross_attention_variants, packing_variants
@@ -182,16 +182,11 @@ class MultiHeadAttention(nn.Module):
                 if positions is None and self.positions is not None:
                     positions = self.positions[offset : offset + length]
                 q, k = self.rotary.rotate_queries_keys(q, k, positions, offset)
+            call = AttentionCall(self.causal, key_padding_mask, dropout_p, need_weights, self.position_bias)
             if cache is not None:
-                out, weights = self.kernel.decode(
-                    q, k, v, cache, key_padding_mask=key_padding_mask, need_weights=need_weights,
-                    bias=self.position_bias,
-                )  # fmt: skip
+                out, weights = self.kernel.decode(q, k, v, cache, call)
             else:
-                out, weights = self.kernel(
-                    q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
-                    need_weights=need_weights, bias=self.position_bias,
-                )  # fmt: skip
+                out, weights = self.kernel(q, k, v, call)
         else:
             if not self.kernel.supports_cross_attention:
                 raise ValueError(
@@ -212,10 +207,7 @@ class MultiHeadAttention(nn.Module):
                     k = self.k_norm(k)
                 if cache is not None:
                     cache.keys, cache.values = k, v
-            out, weights = self.kernel(
-                q, k, v, causal=False, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
-                need_weights=need_weights,
-            )  # fmt: skip
+            out, weights = self.kernel(q, k, v, AttentionCall(False, key_padding_mask, dropout_p, need_weights))
         out = self.out_proj(out.transpose(1, 2).reshape(batch, length, self.dim))
         return (out, weights) if need_weights else out
 
@@ -238,10 +230,8 @@ class MultiHeadAttention(nn.Module):
         q, k, v = documents.unpack(q), documents.unpack(k), documents.unpack(v)
         if self.rotary is not None:
             q, k = self.rotary.rotate_queries_keys(q, k)
-        out, _ = self.kernel(
-            q, k, v, causal=self.causal, key_padding_mask=documents.key_padding_mask(key_padding_mask),
-            dropout_p=dropout_p, bias=self.position_bias,
-        )  # fmt: skip
+        padding = documents.key_padding_mask(key_padding_mask)
+        out, _ = self.kernel(q, k, v, AttentionCall(self.causal, padding, dropout_p, bias=self.position_bias))
         batch, length, _ = x.shape
         return self.out_proj(documents.pack(out).transpose(1, 2).reshape(batch, length, self.dim))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from zoo.attention.cache import KVCache, new_tokens_padding
-from zoo.attention.contract import Kernel, ScoreBias
+from zoo.attention.contract import AttentionCall, Kernel
 from zoo.attention.fast import bias as fast_bias
 from zoo.attention.fast import use_fast_kernels
 from zoo.attention.flex import auto_uses_flex_bias, flex_bias_attention
@@ -26,44 +26,27 @@ class FullAttention(Kernel):
     backends = ("sdpa",)
 
     def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        causal: bool = False,
-        key_padding_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q (B, H, T, D), k/v (B, G, S, D) -> (B, H, T, D) and, if asked, probabilities (B, H, T, S)."""
-        flex = bias is not None and self.backend == "auto" and auto_uses_flex_bias(q, k, bias, dropout_p, need_weights)
-        if flex:  # CUDA: the bias as FlexAttention's score_mod
-            return flex_bias_attention(q, k, v, bias, causal=causal, key_padding_mask=key_padding_mask), None
+        bias, causal, mask = call.bias, call.causal, call.key_padding_mask
+        dropout_p, need_weights = call.dropout_p, call.need_weights
+        if bias is not None and self.backend == "auto" and auto_uses_flex_bias(q, k, bias, dropout_p, need_weights):
+            return flex_bias_attention(q, k, v, bias, causal=causal, key_padding_mask=mask), None  # CUDA: score_mod
         if bias is not None and use_fast_kernels() and fast_bias.applies(q, k, bias, dropout_p, need_weights):
             # the bias per query block from a table over distances, never (H, n, n) nor per batch element
-            out = fast_bias.relative_bias_attention(q, k, v, bias, causal=causal, key_padding_mask=key_padding_mask)
-            return out, None
+            return fast_bias.relative_bias_attention(q, k, v, bias, causal=causal, key_padding_mask=mask), None
         scores_bias = None if bias is None else evaluate_bias(bias, q.shape[2], k.shape[2], q.device)
         return dot_product_attention(
-            q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
-            need_weights=need_weights, bias=scores_bias,
+            q, k, v, causal=causal, key_padding_mask=mask, dropout_p=dropout_p, need_weights=need_weights,
+            bias=scores_bias,
         )  # fmt: skip
 
     def new_cache(self) -> KVCache:
         return KVCache()
 
     def decode(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cache: KVCache,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """New queries (B, H, t, D) and keys/values (B, G, t, D) attend causally to the cache plus themselves.
 
@@ -71,9 +54,9 @@ class FullAttention(Kernel):
         The cache holds every key from position 0, so the bias rows are those of positions offset ... offset + t - 1.
         Weights, if asked, cover all keys so far: (B, H, t, offset + t).
         """
-        keys, values = cache.append(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
-        scores_bias = None if bias is None else evaluate_bias(bias, q.shape[2], keys.shape[2], q.device)
+        keys, values = cache.append(k, v, new_tokens_padding(call.key_padding_mask, k.shape[2]))
+        bias = None if call.bias is None else evaluate_bias(call.bias, q.shape[2], keys.shape[2], q.device)
         return dot_product_attention(
-            q, keys, values, causal=True, key_padding_mask=cache.key_padding_mask(), need_weights=need_weights,
-            bias=scores_bias,
+            q, keys, values, causal=True, key_padding_mask=cache.key_padding_mask(), need_weights=call.need_weights,
+            bias=bias,
         )  # fmt: skip

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from zoo.attention.cache import LinearAttentionState, new_tokens_padding
-from zoo.attention.contract import HeadLayout, Kernel
+from zoo.attention.contract import AttentionCall, HeadLayout, Kernel
 from zoo.attention.fast import linear as fast_linear
 from zoo.attention.fast import use_fast_kernels
 from zoo.attention.feature_maps import (
@@ -296,17 +296,10 @@ class LinearAttention(Kernel):
         return favor_feature_map(x, self.projection, is_query)
 
     def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        causal: bool = False,
-        key_padding_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        need_weights: bool = False,
-        bias: None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        causal, key_padding_mask, dropout_p = call.causal, call.key_padding_mask, call.dropout_p
+        need_weights = call.need_weights
         if causal and q.shape[2] != k.shape[2]:
             raise ValueError(
                 f"causal linear attention needs as many queries as keys, got {q.shape[2]} and {k.shape[2]}"
@@ -333,18 +326,11 @@ class LinearAttention(Kernel):
         return LinearAttentionState()
 
     def decode(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cache: LinearAttentionState,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        need_weights: bool = False,
-        bias: None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LinearAttentionState, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """New tokens (B, H, t, D), keys/values (B, G, t, D) continue the recurrence from `cache.state`
         (B, G, F, D + 1) (Katharopoulos et al. eq. 18-20). The features never change while decoding."""
+        key_padding_mask, need_weights = call.key_padding_mask, call.need_weights
         if need_weights:
             raise ValueError("need_weights is not available when decoding with variant 'linear' (no keys are kept)")
         phi_q, phi_k, values = _features(q, k, v, new_tokens_padding(key_padding_mask, k.shape[2]), 0.0, self._phi)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import zoo.attention.pattern as pattern_kernels
 from zoo.attention.blockwise import DENSE_MAX_LENGTH, blocked_windows
 from zoo.attention.cache import KVCache, RollingKVCache, new_tokens_padding
-from zoo.attention.contract import Kernel, ScoreBias
+from zoo.attention.contract import AttentionCall, Kernel, ScoreBias
 from zoo.attention.fast import band as fast_band
 from zoo.attention.fast import use_fast_kernels
 from zoo.attention.flex import flex_pattern_attention, resolve_backend
@@ -252,17 +252,10 @@ class LocalAttention(Kernel):
         )
 
     def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        causal: bool = False,
-        key_padding_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        causal, key_padding_mask, bias, dropout_p = call.causal, call.key_padding_mask, call.bias, call.dropout_p
+        need_weights = call.need_weights
         if self.global_tokens:
             if use_fast_kernels() and self._global_band_applies(q, k, key_padding_mask, dropout_p, need_weights, bias):
                 extent = _band_extent(self.window, causal, q.shape[2])
@@ -271,10 +264,7 @@ class LocalAttention(Kernel):
                     self.chunk_size, self.global_tokens,
                 )  # fmt: skip
                 return out, None
-            return self.global_pattern(
-                q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
-                need_weights=need_weights, bias=bias,
-            )  # fmt: skip
+            return self.global_pattern(q, k, v, call)
         if self.sink_tokens:
             check_sinks_apply(self.sink_tokens, causal, bias)
             return sliding_window_attention_with_sinks(
@@ -315,24 +305,15 @@ class LocalAttention(Kernel):
         return SinkKVCache(self.window, self.sink_tokens) if self.sink_tokens else RollingKVCache(self.window)
 
     def decode(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cache: RollingKVCache,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: RollingKVCache, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Causal: new queries (B, H, t, D) see the last window - 1 cached keys and themselves.
 
         Weights, if asked, cover the attended keys only: (B, H, t, kept + t); with global tokens, every key.
         """
+        key_padding_mask, need_weights, bias = call.key_padding_mask, call.need_weights, call.bias
         if self.global_tokens:
-            return self.global_pattern.decode(
-                q, k, v, cache, key_padding_mask=key_padding_mask, need_weights=need_weights, bias=bias
-            )
+            return self.global_pattern.decode(q, k, v, cache, call)
         if self.sink_tokens:
             check_sinks_apply(self.sink_tokens, True, bias)
             keys, values, positions, padding = cache.extend(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))

@@ -34,7 +34,7 @@ from zoo.attention.clustered import (
     dense_clustered_attention,
     to_tokens,
 )
-from zoo.attention.contract import Kernel, ScoreBias, TokenLayout
+from zoo.attention.contract import AttentionCall, Kernel, TokenLayout
 from zoo.attention.fast import clustered as fast_clustered
 from zoo.attention.fast import use_fast_kernels
 from zoo.attention.functional import repeat_kv
@@ -126,17 +126,10 @@ class LSHAttention(Kernel):
         return torch.randn(shape, generator=generator).to(device)
 
     def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        causal: bool = False,
-        key_padding_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        causal, key_padding_mask, bias, dropout_p = call.causal, call.key_padding_mask, call.bias, call.dropout_p
+        need_weights = call.need_weights
         if q.shape[2] != k.shape[2]:
             raise ValueError(
                 f"lsh attention is self-attention: as many queries as keys, got {q.shape[2]} and {k.shape[2]}"
@@ -167,18 +160,11 @@ class LSHAttention(Kernel):
         return KVCache()
 
     def decode(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cache: KVCache,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Causal, in evaluation's fixed hashes: the cache keeps the normalised queries (the keys) of every head;
         the new queries attend under the pattern of all tokens so far; weights (B, H, t, offset + t)."""
+        key_padding_mask, need_weights, bias = call.key_padding_mask, call.need_weights, call.bias
         if self.training:
             raise ValueError("variant 'lsh' decodes in eval mode only: training draws fresh hashes every call")
         unit = q / q.norm(dim=-1, keepdim=True).clamp(min=1e-12)

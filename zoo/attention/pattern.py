@@ -11,7 +11,7 @@ import torch
 
 from zoo.attention.blockwise import DENSE_MAX_LENGTH, Part, union_attention
 from zoo.attention.cache import KVCache, new_tokens_padding
-from zoo.attention.contract import Kernel, ScoreBias, TokenLayout
+from zoo.attention.contract import AttentionCall, Kernel, TokenLayout
 from zoo.attention.flex import flex_pattern_attention, resolve_backend
 from zoo.attention.functional import masked_attention, repeat_kv, softmax_attention
 
@@ -81,26 +81,20 @@ class PatternKernel(Kernel):
         return self.allowed(rows, torch.arange(k_len, device=device)[None, :], causal)
 
     def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        causal: bool = False,
-        key_padding_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        backend = resolve_backend(self.name, self.backend, q, k, dropout_p, bias, need_weights)
+        backend = resolve_backend(self.name, self.backend, q, k, call.dropout_p, call.bias, call.need_weights)
         if backend == "flex":
-            pattern = functools.partial(self.allowed, causal=causal)
-            return flex_pattern_attention(q, k, v, pattern, self._flex_masks, (causal,), key_padding_mask), None
-        return self._attend(q, k, v, causal, key_padding_mask, dropout_p, need_weights, bias, backend == "sdpa")
+            pattern = functools.partial(self.allowed, causal=call.causal)
+            out = flex_pattern_attention(q, k, v, pattern, self._flex_masks, (call.causal,), call.key_padding_mask)
+            return out, None
+        return self._attend(q, k, v, call, dense=backend == "sdpa")
 
-    def _attend(self, q, k, v, causal, key_padding_mask, dropout_p, need_weights, score_bias=None, dense=False):
+    def _attend(self, q, k, v, call: AttentionCall, dense: bool = False):
         """Queries at the last q_len positions of the keys. need_weights, fewer queries than keys (decoding),
         sequences up to DENSE_MAX_LENGTH and `dense` (backend sdpa) take the dense (T, S) path."""
+        causal, key_padding_mask, score_bias = call.causal, call.key_padding_mask, call.bias
+        dropout_p, need_weights = call.dropout_p, call.need_weights
         q_len, k_len = q.shape[2], k.shape[2]
         groups = q.shape[1] // k.shape[1]
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)
@@ -123,17 +117,10 @@ class PatternKernel(Kernel):
         return KVCache()
 
     def decode(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cache: KVCache,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Causal: new queries (B, H, t, D) attend to the cached keys and themselves under the pattern.
         The first chunk (a prompt) runs blockwise; later chunks use the pattern's rows, (t, offset + t)."""
-        keys, values = cache.append(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
-        return self._attend(q, keys, values, True, cache.key_padding_mask(), 0.0, need_weights, bias)
+        keys, values = cache.append(k, v, new_tokens_padding(call.key_padding_mask, k.shape[2]))
+        step = AttentionCall(True, cache.key_padding_mask(), need_weights=call.need_weights, bias=call.bias)
+        return self._attend(q, keys, values, step)

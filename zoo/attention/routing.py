@@ -29,7 +29,7 @@ import torch
 
 from zoo.attention.cache import KVCache, new_tokens_padding
 from zoo.attention.clustered import clustered_attention, dense_clustered_attention
-from zoo.attention.contract import HeadLayout, Kernel, ScoreBias, TokenLayout
+from zoo.attention.contract import AttentionCall, HeadLayout, Kernel, TokenLayout
 from zoo.attention.functional import repeat_kv
 from zoo.errors import check_positive_int
 
@@ -101,17 +101,10 @@ class RoutingAttention(Kernel):
         self.centroids.copy_(torch.where(counts > 0, moved, self.centroids.float()).to(self.centroids.dtype))
 
     def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        causal: bool = False,
-        key_padding_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        causal, key_padding_mask, bias, dropout_p = call.causal, call.key_padding_mask, call.bias, call.dropout_p
+        need_weights = call.need_weights
         if q.shape[2] != k.shape[2]:
             raise ValueError(
                 f"routing attention is self-attention: as many queries as keys, got {q.shape[2]} and {k.shape[2]}"
@@ -132,18 +125,11 @@ class RoutingAttention(Kernel):
         return KVCache()
 
     def decode(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cache: KVCache,
-        *,
-        key_padding_mask: torch.Tensor | None = None,
-        need_weights: bool = False,
-        bias: ScoreBias | None = None,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Causal: the new queries (B, H, t, D) attend under the pattern of all tokens so far (their clusters'
         chunks count only earlier tokens, so the earlier tokens' pattern is unchanged); weights (B, H, t, offset+t)."""
+        key_padding_mask, need_weights, bias = call.key_padding_mask, call.need_weights, call.bias
         keys, values = cache.append(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
         groups = q.shape[1] // k.shape[1]
         clusters = repeat_kv(self.assign(keys)[..., None], groups)[..., 0]

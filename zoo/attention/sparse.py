@@ -24,7 +24,7 @@ import math
 import torch
 
 from zoo.attention.blockwise import Columns, Part, Rows, select
-from zoo.attention.contract import TokenLayout
+from zoo.attention.contract import AttentionCall, TokenLayout
 from zoo.attention.flex import resolve_backend
 from zoo.attention.global_tokens import (
     check_count,
@@ -119,16 +119,13 @@ class SparseAttention(PatternKernel):
                 "use random_keys=0"
             )
 
-    def forward(self, q, k, v, *, causal=False, key_padding_mask=None, dropout_p=0.0, need_weights=False, bias=None):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall):
         if not self.random_keys:
-            return super().forward(
-                q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p,
-                need_weights=need_weights, bias=bias,
-            )  # fmt: skip
+            return super().forward(q, k, v, call)
         # Random keys are a table, not a function of positions: the blocks (or the dense mask), never flex.
         backend = "sdpa" if self.backend == "sdpa" else "blockwise"
-        resolve_backend(self.name, backend, q, k, dropout_p, bias, need_weights)  # checks self-attention
-        return self._attend(q, k, v, causal, key_padding_mask, dropout_p, need_weights, bias, backend == "sdpa")
+        resolve_backend(self.name, backend, q, k, call.dropout_p, call.bias, call.need_weights)  # self-attention?
+        return self._attend(q, k, v, call, dense=backend == "sdpa")
 
     def random_table(self, length: int, causal: bool) -> torch.Tensor:
         """BigBird's random keys of every query block for `length` tokens (kept for a few lengths)."""
