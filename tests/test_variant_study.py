@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -672,3 +673,36 @@ def test_the_zoology_anchor_says_whether_full_attention_is_ahead_of_linear_atten
     assert variant_study.zoology_anchor(cells, quality) == [
         "- MQAR w64: not yet measured (full or linear has no number)"
     ]
+
+
+def test_the_committed_ledger_rebuilds_the_committed_page(tmp_path: Path) -> None:
+    """`python experiments/variant_study.py --reuse` writes experiments/results/variant_study.{md,json,png} from the
+    committed ledger alone: the committed page, but for the rebuilding machine's table and minutes; every one of the
+    603 jobs with a number is read."""
+    results = Path(variant_study.ROOT) / "experiments" / "results"
+    argv = ["--reuse", "--out", str(tmp_path), "--ledger", str(results / variant_study.LEDGER), "--runs-dir",
+            str(tmp_path / "runs")]  # fmt: skip
+    page = variant_study.main(argv).read_text()
+
+    def steady(text: str) -> list[str]:  # without what says when, where and how fast the page was written
+        text = re.sub(r"\) in [\d.]+ min\. Every number", ") in - min. Every number", text)
+        return [part for part in text.split("\n\n") if not part.startswith("| machine |")]
+
+    assert steady(page) == steady((results / "variant_study.md").read_text())
+    built, committed = (json.loads((folder / "variant_study.json").read_text()) for folder in (tmp_path, results))
+    for summary in (built, committed):  # the machine, the minutes, and the data paths of the rebuilding host
+        summary.pop("machine"), summary.pop("wall_min")
+        summary["tasks"] = [task["key"] for task in summary["tasks"]]
+    assert built == committed
+    # Every job with a number in the ledger's shown columns is on the page, but seeds beyond their cell's count (its
+    # first job took over 2 minutes: 3 seeds; some cells kept seeds 3-4 from before that rule).
+    runs = [{k: v for k, v in run.items() if k != "reused"} for row in built["cells"].values()
+            for key, cell in row.items() if key != variant_study.EXTRAPOLATION for run in cell["runs"]]  # fmt: skip
+    ok = [record for path in (results / variant_study.LEDGER).glob("*/*-seed*.json")
+          if path.parent.name in built["tasks"] and not path.name.endswith(".extrapolation.json")
+          and (record := json.loads(path.read_text()))["status"] == "ok"]  # fmt: skip
+    unread = [record for record in ok if record not in runs]
+    assert all(record["seed"] >= 3 for record in unread) and len(unread) < 10
+    shown = len(ok) - len(unread)
+    assert f"0 of the {shown} jobs with a number ran in this run; {shown} were measured earlier" in page
+    assert (tmp_path / "variant_study.png").stat().st_size > 10_000
