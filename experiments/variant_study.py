@@ -1110,7 +1110,7 @@ def provenance(cells: dict) -> str:
                  "native and in fp32 on the others (recipes.md measured the two within noise).")  # fmt: skip
     return (f"{len(runs) - len(earlier)} of the {len(runs)} jobs with a number ran in this run; {len(earlier)} were "
             f"measured earlier ({dates[0]} to {dates[-1]}, on {'; '.join(machines)}) and taken from their records "
-            f"(--reuse: the job folders, or the ledger {LEDGER}/).{mixed}")  # fmt: skip
+            f"(the ledger {LEDGER}/).{mixed}")  # fmt: skip
 
 
 def remaining_work(rows: list[Row], cells: dict, cost: dict) -> dict:
