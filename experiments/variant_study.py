@@ -1,51 +1,32 @@
-"""The variant study: every attention variant and position option of zoo, in every model family and on two
+"""The variant study: every attention variant and position option of zoo, in every model family and on the
 long-range tasks, quality next to speed, measured on one machine by one command.
 
     python experiments/variant_study.py --quick     # scaled down, rows full and linear: under 10 minutes
     python experiments/variant_study.py --quick --rows full local   # other rows, scaled down: minutes a row
     python experiments/variant_study.py             # the study (hours on 2 CPU cores)
-    python experiments/variant_study.py --resume    # keep the runs that finished (after a stop), run the rest
-    python experiments/variant_study.py --reuse     # the page from the ledger and job records only: runs nothing
+    python experiments/variant_study.py --resume    # keep the jobs that have a record, run the rest
+    python experiments/variant_study.py --reuse     # the page from the ledger alone: runs nothing
     python experiments/variant_study.py --rows full local --tasks vit_digits lra_listops
 
-Rows are found at run time, so variants and options that land later join the table without an edit here:
-- every kernel in zoo.attention.registry.VARIANTS, with its conf/attention/<name>.yaml when there is one;
-- every other conf/attention/*.yaml (a named combination, e.g. rope = full + rotary positions);
-- every AttentionConfig field that is off by default (a bool: `rope`) or has named choices (e.g. a position
-  bias), on the first of those rows that takes it (full; rope for an option of RoPE), and every kernel option
-  with named choices (e.g. a feature map) on its kernel: one row per choice. Choices are read off the one-line
-  error an unknown value gets ("... valid choices: a, b"), which every option of zoo gives (CONVENTIONS.md);
-- options listed in ANTICIPATED (e.g. kv_heads=1, multi-query attention), once AttentionConfig accepts them.
-Rows with the same effective AttentionConfig are one row. A row whose training is another's by definition (RoPE
-scaled by dynamic NTK, plain RoPE within the trained block) takes that row's jobs for its training cells.
+Rows are read from the registry and the config types, so variants and options that land later join without an
+edit here (discover_rows): every kernel of zoo.attention.registry.VARIANTS (with its conf/attention/<name>.yaml),
+every other conf/attention/*.yaml (rope = full + rotary positions), every AttentionConfig setting that is off by
+default or has named choices (AttentionConfig.setting_choices) on the first row that takes it, every kernel option's
+named choices (Kernel.option_choices) on its kernel, and the ANTICIPATED options. Rows with the same effective
+AttentionConfig are one row.
 
-Columns (one `python run.py` job each, run in this process: the command line's own code path, without a new
-interpreter per job): digits ViT test accuracy, tiny-shakespeare char GPT val loss (and at 4x the training
-block, where the weights allow a longer input), numbers-task translation BLEU, digits CLIP zero-shot top-1,
-pixel-sequence accuracy (Fashion-MNIST, 784 tokens, after PIXEL_STEPS steps; digits, 64 tokens, in --quick),
-ListOps accuracy (up to 2000 tokens, one epoch of LISTOPS_TRAIN expressions; 256 tokens in --quick; run only
-when --tasks names lra_listops: OPT_IN), the learning ListOps (LISTOPS_CHOICE, experiments/listops_recipe.py),
-multi-query associative recall at two widths (MQAR; its Zoology anchor: does full attention stay ahead of linear
-attention), the training time per step and peak memory of the sequence classifier at n=784, n=2000 and n=256
-(the long-range columns' lengths: `speed`), and each row's step time and peak memory on each column at its own
-length, batch and width (`cost`: a few steps of the row's job, experiments/step_cost.py).
-Every cell needs 5 seeds where a job takes under 2 minutes, else 3 (experiments/study_stats.py; --quick: 1, and
-such cells are marked as short of seeds). Seed n is `seed=n` for every row: the same data order and initial weights
-wherever the shapes allow (the seed seeds every generator before the model is built). A cell shows the median and a
-95% bootstrap interval over its seeds; a column names a winner only when that row's interval excludes every other
-row's median, else the rows tied with the best are marked "≈ best" (study_stats.verdict). A job that exits with a
-one-line error (bad input: a variant that cannot run a task by definition) shows that line; so does a row
-past the length its kernel is run to (SPEED_LONGEST: additive attention, whose step grows as n^2 * d).
+Columns (tasks()): one `zoo.app.run` job per row, column and seed, in this process. Each cell gets 5 seeds where its
+first job takes under 2 minutes, else 3 (study_stats; --quick: 1), seed n the same for every row; a cell shows the
+median, a 95% bootstrap interval and, where one row's interval excludes every other median, the winner
+(study_stats.verdict). A job that exits with a one-line error (a row that cannot run a task by definition) shows
+that line. Besides the columns: the GPT at 4x its block, the class prior of the classifications, the step time of
+the long-range classifier (`speed`) and each row's step cost on each column (`cost`, experiments/step_cost.py).
 
-Results: experiments/results/variant_study.{md,json,png} (--quick: experiments/results/quick/), with every job's
-wall time, date and the machine; the jobs' folders are outputs/variant_study/<mode>/<task>/<row>-seed<n>/ (an '='
-in a row's name written as '-'). Every job that finished with a number or a one-line error is also recorded in
-the ledger, <results>/variant_study_runs/<task>/<row>-seed<n>.json (committed with the results): the full study
-takes longer than one sitting, so `--resume` also takes a job from the ledger, and the study can be run a few rows
-or tasks at a time (`--rows`, `--tasks`), on different days, and assembled by a last `--reuse` run, which runs
-nothing (a job without a record is "not run"; the speed table, the cost table and the class priors have records
-of their own in the ledger: speed.json, cost.json and prior.json); the page says which jobs were measured earlier,
-when and on which machine, and the CPU hours of every job it shows.
+The ledger, <results>/variant_study_runs/ (committed with the page), holds every job that ended with a number or a
+one-line error (<task>/<row>-seed<n>.json, the 4x evaluation beside it as .extrapolation.json) and the study's
+own measurements (speed.json, cost.json, prior.json). --resume takes jobs from it, so the study runs a few rows or
+tasks at a time; --reuse writes the page, experiments/results/variant_study.{md,json,png}, from it alone. Job
+folders: outputs/variant_study/<quick|full>/<task>/<row>-seed<n>/.
 """
 
 from __future__ import annotations
@@ -77,81 +58,56 @@ CONF = ROOT / "conf"
 # Options without named choices worth a row of their own, and the value to try: multi-query attention, one
 # Longformer global token, StreamingLLM's 4 attention sinks.
 ANTICIPATED = {"kv_heads": 1, "global_tokens": 1, "sink_tokens": 4}
-# Settings that choose how attention is computed, not what: the same numbers by definition (the attention
-# benchmark compares them), so no row of their own.
+# How attention is computed, not what: the same numbers by definition (the attention benchmark compares them).
 IMPLEMENTATION = {"backend"}
 STOPPED_BY_SIGNAL = {130: "Ctrl-C", 138: "SIGUSR1", 143: "SIGTERM"}  # run.py's exit statuses (README)
-# Settings an option changes nothing without, set along with it: RoPE scaled by rope_factor 1 is plain RoPE
-# (linear, ntk); 4 is the factor of the 4x-the-block column.
+# Settings an option changes nothing without: RoPE scaled by 1 is plain RoPE; 4 is the factor of the 4x column.
 COMPANIONS = {"rope_scaling": {"rope_factor": 4.0}}
-# Local attention's window on the short-sequence tasks (17 image tokens; a caption or a written number: 16 tokens
-# or fewer): conf/attention/local.yaml's 256 covers their whole sequence, which makes local exactly full attention
-# there. Half the sequence, as GPT_WINDOW of the GPT recipe's block of 64.
+# Local attention's window on the short tasks (17 image tokens; 16-token captions and numbers), where
+# conf/attention/local.yaml's 256 would make it exactly full attention: half the sequence, as GPT_WINDOW of the
+# GPT recipe's block of 64.
 SHORT_WINDOW = 8
 GPT_WINDOW = 32
-# The long-range columns train on a fixed budget, as Long Range Arena does (Image: 35k steps, ListOps: 5k): their
-# experiment configs' epochs, times 16 rows, take days on 2 CPU cores. Full attention trains the classifier at
-# 0.92 s a step at n=784 and 5.2 s at n=2000 (batch 32, step_times, 2 threads, 2026-12-03): an epoch of the
-# 54k pixel sequences is ~26 min, and experiment=lra_listops (3 x 10k expressions) ~81 min.
+# The long-range columns train on a fixed budget, as Long Range Arena does: their experiment configs' epochs, times
+# every row, take days on 2 CPU cores (full attention: 0.92 s a step at n=784, 5.2 s at n=2000, batch 32).
 PIXEL_STEPS = 500  # 16k of the 54k training images: ~8 min of full-attention training a job
 LISTOPS_TRAIN = 4800  # expressions, one epoch (150 steps): ~13 min of full-attention training a job
-LRA_VAL_BATCHES = 4  # validation is only watched (the classifier tests its last weights): 256-1024 of it
-# ListOps that learns: the recipe found by experiments/listops_recipe.py (results/listops_recipe.md): a shorter
-# maximum length with LRA's grammar, a lower learning rate and more steps than the old column's single epoch.
+LRA_VAL_BATCHES = 4  # validation is only watched (the classifier tests its last weights)
+# ListOps that learns: the recipe experiments/listops_recipe.py found (results/listops_recipe.md).
 LISTOPS_CHOICE = "len256_lr3e-4_b32"
 LISTOPS_RECIPE = (
     *(o for o in COMMON if o.startswith(("data.", "trainer.limit_val"))),
     *(o for o in CANDIDATES[LISTOPS_CHOICE] if not o.startswith("trainer.val_check_interval")),
 )
 LISTOPS_LENGTH = int(next(o for o in LISTOPS_RECIPE if o.startswith("data.max_length=")).split("=")[1])
-# MQAR: Zoology's smallest setting (64 tokens, 4 pairs, its widths 64 and 128, one head) with the vocabulary and
-# training set of its quick-start config (128 tokens, 10,000 examples), 2000 steps of batch 64 (minutes a job at
-# one thread). Its middle setting (256 tokens, 16 pairs, vocabulary 8192) and 64 tokens with 8 or 16 pairs kept
-# full attention itself at the plateau before recall (the share of a guess among the sequence's values) for
-# 2000-3000 steps, a column measuring nothing: results/variant_study_checks.md. (sequence length, key-value
-# pairs, model widths, budget); --quick: 64 tokens, 4 pairs, width 64, 60 steps.
+# MQAR: Zoology's smallest setting (64 tokens, 4 pairs, widths 64 and 128, one head) with its quick-start vocabulary
+# and training set; larger settings kept full attention itself at the plateau (results/variant_study_checks.md).
+# (sequence length, key-value pairs, model widths, budget); --quick: width 64, 60 steps.
 MQAR = (64, 4, (64, 128), ("data.vocab_size=128", "data.num_train=10000", "trainer.max_steps=2000",
                            "trainer.val_check_interval=500"))  # fmt: skip
 MQAR_QUICK = (64, 4, (64,), ("data.vocab_size=256", "data.num_train=2000", "data.num_test=200", "trainer.max_steps=60",
                              "trainer.val_check_interval=60"))  # fmt: skip
 QUICK_ROWS = ("full", "linear")  # --quick without --rows: attention and its best-known substitute
 LEDGER = "variant_study_runs"  # beside the results: every finished job's record (see the module docstring)
-# The cost of a row on a column (--tasks cost): its job, seed 0, cut to COST_STEPS training steps without
-# validation or test, measured by experiments/step_cost.StepCost: WARMUP steps, the next ones timed, the last
-# profiled for memory. A step's cost is set by the shapes (length, batch, width), not by how long training runs.
+# The cost of a row on a column (--tasks cost): its job, seed 0, cut to COST_STEPS training steps without validation
+# or test (experiments/step_cost.StepCost): a step's cost is set by the shapes, not by how long training runs.
 COST_STEPS = 10
 COST = "cost.json"  # the ledger's record of the cost pass: {task: {row: record}}
-# Kernels made faster after some of their step timings were recorded: row -> (the date the change landed, the page
-# that measures it). A step time or memory cell of that row recorded before the date carries a footnote saying so;
-# the quality cells are unaffected (the same function). Measuring again on one host, for every row so that the
-# table compares: `--tasks cost` and `--tasks speed`.
+# Kernels made faster after some of their step timings were recorded: row -> (the date it landed, the page that
+# measures it). A timing of that row recorded before the date carries a footnote saying so.
 KERNEL_CHANGES = {
     "additive": ("2026-12-07 12:37", "experiments/results/additive_speed.md"),  # its CPU fast path
     "lsh": ("2026-12-07 12:51", "experiments/results/content_attention.md"),  # two fewer passes over its masks
 }
 # n -> (vocabulary, padding id): the pixel task, LRA's ListOps, the learning ListOps column
 SPEED_SHAPES = {784: (256, None), 2000: (16, 0), 256: (16, 0)}
-# Kernels whose cost grows too fast to train or time at every length: the longest n they are run at. Additive
-# attention evaluates tanh(W q + U k) for every (query, key) pair, n^2 * head_dim values a head, forward and again in
-# the backward (its query blocks are recomputed there): at the pixel task's 785 tokens its 500 steps would take
-# hours a job (the measured step: variant_study_checks.md, "Additive attention at the pixel task's length";
-# re-measure there if the kernel changes).
-# The issue asks for additive attention "where the sequences are short enough": the study's jobs, its speed
-# table and its cost pass all stop at the same length, with the same one-line reason (beyond_longest).
+# Kernels whose cost grows too fast to train or time at every length: the longest n they run at. Additive attention
+# evaluates tanh(W q + U k) for every (query, key) pair, n^2 * head_dim values a head: 500 pixel-task steps would take
+# hours a job (variant_study_checks.md, "Additive attention at the pixel task's length"). Jobs, speed table and cost
+# pass stop at the same length, with the same reason (beyond_longest).
 SPEED_LONGEST = {"additive": 256}
-
-
-def beyond_longest(row: Row, n: int | None, verb: str) -> str | None:
-    """Why `row` is not `verb` (run, timed, measured) at length n (SPEED_LONGEST), or None where it is."""
-    variant = row.attention.get("variant")
-    longest = SPEED_LONGEST.get(variant)
-    if longest is None or (n or 0) <= longest:
-        return None
-    return f"not {verb} beyond n={longest}: {variant} attention's step grows as n^2 * d"
-
-
-# Long Range Arena, Tay et al. 2021, Table 1 (accuracy %, as the LRA repository's leaderboard of 8 Nov 2020):
-# ListOps (up to 2000 tokens) and Image (CIFAR-10 as 1024 grey pixels), with the row of ours each matches.
+# Long Range Arena, Tay et al. 2021, Table 1 (accuracy %, the LRA repository's leaderboard of 8 Nov 2020): ListOps
+# (up to 2000 tokens) and Image (CIFAR-10 as 1024 grey pixels), with the row of ours each matches.
 LRA_TABLE_1 = {
     "Transformer": {"ListOps": 36.37, "Image": 42.44, "rows": ("full",)},
     "Local Attention": {"ListOps": 15.82, "Image": 41.46, "rows": ("local",)},
@@ -160,38 +116,25 @@ LRA_TABLE_1 = {
     "Linear Transformer": {"ListOps": 16.13, "Image": 42.34, "rows": ("linear",)},
     "Performer": {"ListOps": 18.01, "Image": 42.77, "rows": ("favor", "linear+favor")},
 }
-# Zoology (Arora et al. 2023, Figure 2): attention solves MQAR (~100% of the queries) at width 64, where efficient
-# substitutes fall short; the rows that stand for each side here.
+# Zoology (Arora et al. 2023, Figure 2): attention solves MQAR at width 64 where efficient substitutes fall short.
 ZOOLOGY = {"attention": "full", "substitute": "linear"}
+EXTRAPOLATION = "gpt_char@4x"  # the GPT's val loss at 4x its training block (a column of its own)
+PLAIN_ROPE = "rope"
+# RoPE scalings that change nothing within the trained block (dynamic NTK scales only a longer input): such a row
+# trains exactly as the PLAIN_ROPE row, so its training cells are that row's jobs, after a one-batch run of its own.
+PLAIN_WITHIN_BLOCK = {"dynamic"}
+# RoPE scalings evaluated at 4x on the PLAIN_ROPE row's weights, as their users apply them (at inference).
+SCALED_AT_INFERENCE = {"linear", "ntk", *PLAIN_WITHIN_BLOCK}
+NOT_RUN = {"status": "not run", "reason": "not run yet"}  # --reuse: a job without a record
 
 
-# -- rows: the attention settings, found at run time ----------------------------------------------------------
+# -- rows: the attention settings, read from the registry and the config types ---------------------------------
 @dataclass(frozen=True)
 class Row:
     name: str
     overrides: tuple[str, ...]  # what selects it on the command line
     attention: dict  # its effective AttentionConfig, flat (the speed benchmark builds it directly)
     origin: str  # where it was found
-
-
-def load_yaml(path: Path) -> dict:
-    """conf/attention/<name>.yaml with the shared settings its defaults list pulls in."""
-    from zoo.app.overrides import group_option
-
-    return group_option("attention", path.stem)
-
-
-def named_choices(build) -> list[str]:
-    """The choices an option names in its one-line error for an unknown value ([] when it names none)."""
-    try:
-        build("\x00unknown")
-    except (ValueError, TypeError) as error:
-        found = re.search(r"valid choices?: ([^;]+)", str(error))
-        if found is None:
-            return []
-        words = [word.strip().strip("'\"") for word in found.group(1).strip().strip("[]").split(",")]
-        return [word for word in words if word and " " not in word and word.lower() not in ("none", "null")]
-    return []
 
 
 def text(value: object) -> str:
@@ -201,80 +144,81 @@ def text(value: object) -> str:
 
 def discover_rows() -> tuple[list[Row], list[str]]:
     """(rows, notes on candidates left out and why)."""
+    from zoo.app.overrides import group_option, group_options
     from zoo.attention import VARIANTS, AttentionConfig
 
     rows: list[Row] = []
     notes: list[str] = []
+    named = group_options("attention")
+
+    def base(name: str) -> tuple[list[str], dict, str]:
+        if name in named:
+            return [f"attention={name}"], group_option("attention", name), f"conf/attention/{name}.yaml"
+        return [f"attention.variant={name}"], {"variant": name}, "zoo.attention.registry.VARIANTS"
 
     def add(name: str, overrides: list[str], attention: dict, origin: str) -> None:
-        settings = {key: value for key, value in attention.items() if key != "_target_"}
         try:
-            effective = AttentionConfig(**settings).to_dict()
+            effective = AttentionConfig(**{k: v for k, v in attention.items() if k != "_target_"}).to_dict()
         except ValueError as error:
             notes.append(f"{name} ({origin}): {' '.join(str(error).split())}")
             return
-        if not any(row.attention == effective for row in rows):
+        if all(row.attention != effective for row in rows):
             rows.append(Row(name, tuple(overrides), effective, origin))
 
     def add_on_first_base(option: str, value: object, label: str, origin: str) -> None:
         """option=value on the first row found so far that takes it (full; or rope, for an option of RoPE)."""
-        companions = COMPANIONS.get(option, {})
-        for row in list(rows[:bases]):
-            settings = {**row.attention, option: value, **companions}
-            overrides = [
-                *row.overrides,
-                *(f"++attention.{key}={text(item)}" for key, item in {option: value, **companions}.items()),
-            ]
+        changes = {option: value, **COMPANIONS.get(option, {})}
+        for row in rows[:bases]:
+            settings = {**row.attention, **changes}
             with contextlib.suppress(ValueError):
                 config = AttentionConfig(**settings)
-                takes = {*AttentionConfig.setting_names(), *VARIANTS[config.variant].option_names()}
-                if option not in takes:
+                if option not in {*AttentionConfig.setting_names(), *VARIANTS[config.variant].option_names()}:
                     continue  # a kernel option another kernel ignores: not this row's
                 config.build_kernel()  # the kernel's own checks (e.g. sinks need a window)
+                overrides = [*row.overrides, *(f"++attention.{k}={text(v)}" for k, v in changes.items())]
                 add(f"{row.name}+{label}", overrides, settings, origin)
                 return
         notes.append(f"{label} ({origin}): no row takes {option}={value}")
 
-    def base(variant: str) -> tuple[list[str], dict, str]:
-        path = CONF / "attention" / f"{variant}.yaml"
-        if path.is_file():
-            return [f"attention={variant}"], load_yaml(path), f"conf/attention/{variant}.yaml"
-        return [f"attention.variant={variant}"], {"variant": variant}, "zoo.attention.registry.VARIANTS"
-
+    bases_of = {variant: base(variant) for variant in VARIANTS}
     for variant in VARIANTS:
-        add(variant, *base(variant))
-    for path in sorted((CONF / "attention").glob("*.yaml")):
-        if path.stem not in VARIANTS:
-            add(path.stem, [f"attention={path.stem}"], load_yaml(path), f"conf/attention/{path.name}")
+        add(variant, *bases_of[variant])
+    for name in named:
+        if name not in VARIANTS:
+            add(name, *base(name))
     bases = len(rows)  # the variants and named settings: what an option is tried on
     shared = [f for f in fields(AttentionConfig) if f.name in AttentionConfig.setting_names() and f.name != "variant"]
-    for name in sorted(IMPLEMENTATION & {p.name for p in shared}):
+    for name in sorted(IMPLEMENTATION & {f.name for f in shared}):
         notes.append(f"{name} (AttentionConfig.{name}): an implementation choice, same results; no row")
-    for parameter in (p for p in shared if p.name not in IMPLEMENTATION):
-        if parameter.default is False:
-            add_on_first_base(parameter.name, True, parameter.name, f"AttentionConfig.{parameter.name}")
-        elif parameter.default is None or isinstance(parameter.default, str):
-            build = lambda value, name=parameter.name: AttentionConfig(**{name: value})  # noqa: E731
-            for choice in named_choices(build):
-                if choice != parameter.default:
-                    add_on_first_base(parameter.name, choice, choice, f"AttentionConfig.{parameter.name}")
+    choices = AttentionConfig.setting_choices()
+    for setting in (f for f in shared if f.name not in IMPLEMENTATION):
+        origin = f"AttentionConfig.{setting.name}"
+        if setting.default is False:
+            add_on_first_base(setting.name, True, setting.name, origin)
+        for choice in choices.get(setting.name, ()):
+            if choice != setting.default:
+                add_on_first_base(setting.name, choice, choice, origin)
     for variant, kernel in VARIANTS.items():
-        overrides, attention, _ = base(variant)
-        for name, default in kernel.option_defaults().items():
-            if name in IMPLEMENTATION:
-                continue
-            if default is not None and not isinstance(default, str):
-                continue
-            build = lambda value, v=variant, n=name: AttentionConfig(variant=v, **{n: value})  # noqa: E731
-            for choice in named_choices(build):
-                if choice != default:
-                    add(f"{variant}+{choice}", [*overrides, f"++attention.{name}={choice}"],
-                        {**attention, name: choice}, f"{kernel.__name__}.{name}")  # fmt: skip
-    known = {p.name for p in shared} | {name for kernel in VARIANTS.values() for name in kernel.option_names()}
+        overrides, attention, _ = bases_of[variant]
+        defaults = kernel.option_defaults()
+        for name, options in kernel.option_choices().items():
+            for choice in (c for c in options if c != defaults[name] and name not in IMPLEMENTATION):
+                add(f"{variant}+{choice}", [*overrides, f"++attention.{name}={choice}"], {**attention, name: choice},
+                    f"{kernel.__name__}.{name}")  # fmt: skip
+    known = {f.name for f in shared} | {name for kernel in VARIANTS.values() for name in kernel.option_names()}
     for name, value in ANTICIPATED.items():
         if name in known:
             add_on_first_base(name, value, f"{name}={value}", f"ANTICIPATED: {name}")
     return rows, notes
+
+
+def beyond_longest(row: Row, n: int | None, verb: str) -> str | None:
+    """Why `row` is not `verb` (run, timed, measured) at length n (SPEED_LONGEST), or None where it is."""
+    variant = row.attention.get("variant")
+    longest = SPEED_LONGEST.get(variant)
+    if longest is None or (n or 0) <= longest:
+        return None
+    return f"not {verb} beyond n={longest}: {variant} attention's step grows as n^2 * d"
 
 
 # -- columns: the tasks ---------------------------------------------------------------------------------------
@@ -360,18 +304,28 @@ def selected_columns(args: argparse.Namespace) -> list[Task]:
     return [task for task in columns if task.key in args.tasks]
 
 
-EXTRAPOLATION = "gpt_char@4x"  # the GPT's val loss at 4x its training block (a column of its own)
-PLAIN_ROPE = "rope"
-# RoPE scalings that change nothing within the trained block (dynamic NTK scales only an input longer than it): a
-# row with one trains exactly as the PLAIN_ROPE row (the same numbers, seed for seed: measured on the GPT and the
-# numbers task), so its training cells are that row's jobs, after a one-batch run of its own that checks it runs
-# on the task at all. Training it again costs a job per seed and column (8-13 min on the long-range columns).
-PLAIN_WITHIN_BLOCK = {"dynamic"}
-# RoPE scalings evaluated at 4x on the PLAIN_ROPE row's weights, as their users apply them (at inference).
-SCALED_AT_INFERENCE = {"linear", "ntk", *PLAIN_WITHIN_BLOCK}
+def missing_files(task: Task) -> list[str]:
+    """The files `task` needs that are not there (a pattern of `needs` matches the plain or the .gz file)."""
+    return [str(path) for path in task.needs if not any(path.parent.glob(path.name))]
 
 
-# -- running a job in this process ----------------------------------------------------------------------------
+def skipped(task: Task) -> dict | None:
+    """The record of a job of `task` whose data is missing, or None."""
+    missing = missing_files(task)
+    return {"status": "skipped", "reason": f"{', '.join(missing)} not found"} if missing else None
+
+
+DATA_OPTIONS = {"gpt_char": "--shared", "lra_pixel": "--fashion-mnist"}  # where each task's data is said to be
+
+
+def skipped_columns(columns: list[Task]) -> list[str]:
+    """One console line for each column whose data is missing: what is skipped, why, and how to include it."""
+    return [f"skipping the {task.key} column: {', '.join(missing)} not found"
+            + (f" (pass {DATA_OPTIONS[task.key]} <the folder that holds it>)" if task.key in DATA_OPTIONS else "")
+            for task in columns if (missing := missing_files(task))]  # fmt: skip
+
+
+# -- jobs and the ledger --------------------------------------------------------------------------------------
 @dataclass
 class Job:
     task: Task
@@ -381,46 +335,77 @@ class Job:
 
     @property
     def arguments(self) -> list[str]:
-        window = [f"++attention.window={self.task.window}"] if self.task.window and self.row.attention.get(
-            "variant") == "local" else []  # fmt: skip
-        return [*self.task.overrides, *self.row.overrides, *window, f"seed={self.seed}", f"hydra.run.dir={self.folder}",
-                "print_config=false", "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null",
+        local = self.task.window and self.row.attention.get("variant") == "local"
+        window = [f"++attention.window={self.task.window}"] if local else []
+        return [*self.task.overrides, *self.row.overrides, *window,
+                f"seed={self.seed}", f"hydra.run.dir={self.folder}", "print_config=false",
+                "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null",
                 "+trainer.enable_progress_bar=false"]  # fmt: skip
 
 
 def job_folder(runs_dir: Path, task: Task, row: Row, seed: int) -> Path:
-    """runs_dir/<task>/<row>-seed<n>, with the characters a command-line override value cannot hold unquoted
-    (a row named after an option's value: full+kv_heads=1) written as '-'."""
+    """runs_dir/<task>/<row>-seed<n>, with the characters an override value cannot hold unquoted (a row named after
+    an option's value: full+kv_heads=1) written as '-'."""
     name = re.sub(r"[^\w.+-]", "-", row.name)
     return runs_dir / task.key / f"{name}-seed{seed}"
 
 
-def stream_handlers() -> list[logging.StreamHandler]:
-    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]
-    return [h for logger in loggers for h in getattr(logger, "handlers", []) if type(h) is logging.StreamHandler]
+def ledger_file(ledger: Path | None, job: Job, kind: str = "") -> Path | None:
+    """The ledger's record of a job, <ledger>/<task>/<row>-seed<n>[.<kind>].json (None: no ledger)."""
+    if ledger is None:
+        return None
+    folder = job_folder(ledger, job.task, job.row, job.seed)
+    return folder.with_name(f"{folder.name}{'.' + kind if kind else ''}.json")
 
 
-def point(handler: logging.StreamHandler, stream) -> None:
-    with contextlib.suppress(ValueError):  # its stream may be closed already
-        handler.flush()
-    handler.stream = stream
+def read_record(path: Path | None) -> dict | None:
+    return json.loads(path.read_text()) if path is not None and path.is_file() else None
+
+
+def write_record(path: Path | None, record: dict) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def mode_of(args: argparse.Namespace) -> str:
+    """run (every job), resume (the jobs without a record, and the one-line errors again) or reuse (none)."""
+    return "reuse" if args.reuse else "resume" if args.resume else "run"
+
+
+def recorded(path: Path | None, mode: str) -> dict | None:
+    """The ledger's record to show instead of running the job: any with --reuse; with --resume any but a one-line
+    error (redone: it ends in seconds, and the code may run that row now)."""
+    found = read_record(path) if mode != "run" else None
+    if found is None or (mode == "resume" and found["status"] == "error"):
+        return None
+    return {**found, "reused": True}
 
 
 @contextlib.contextmanager
 def output_to(handle) -> Iterator[None]:
-    """stdout, stderr and the console handlers of logging (Lightning's own, Hydra's) written to `handle`, and
-    pointed back at the console afterwards (a handler left on a closed file fails at its next message)."""
-    console = {h: h.stream for h in stream_handlers()}
+    """stdout, stderr and logging's console handlers (Lightning's, Hydra's) written to `handle`, and pointed back at
+    the console afterwards (a handler left on a closed file fails at its next message)."""
+
+    def handlers() -> list[logging.StreamHandler]:
+        loggers = [logging.getLogger(), *map(logging.getLogger, list(logging.root.manager.loggerDict))]
+        return [h for log in loggers for h in getattr(log, "handlers", []) if type(h) is logging.StreamHandler]
+
+    def point(handler: logging.StreamHandler, stream) -> None:
+        with contextlib.suppress(ValueError):  # its stream may be closed already
+            handler.flush()
+        handler.stream = stream
+
+    console = {h: h.stream for h in handlers()}
     for handler in console:
         point(handler, handle)
     try:
         with contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
             yield
     finally:
-        for handler in stream_handlers():
-            if handler.stream is handle:
-                previous = console.get(handler, sys.stderr)
-                point(handler, sys.__stderr__ if getattr(previous, "closed", False) else previous)
+        for handler in (h for h in handlers() if h.stream is handle):
+            previous = console.get(handler, sys.stderr)
+            point(handler, sys.__stderr__ if getattr(previous, "closed", False) else previous)
 
 
 def run_in_process(arguments: list[str], log: Path) -> int:
@@ -440,89 +425,41 @@ def run_in_process(arguments: list[str], log: Path) -> int:
     return code
 
 
-def error_line(log: Path) -> str:
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("error: ")]
-    return lines[-1][len("error: ") :] if lines else "exit 2 without a message"
-
-
-def ledger_file(ledger: Path, job: Job, kind: str = "") -> Path:
-    """The ledger's record of a job: <ledger>/<task>/<row>-seed<n>[.<kind>].json."""
-    folder = job_folder(ledger, job.task, job.row, job.seed)
-    return folder.with_name(f"{folder.name}{'.' + kind if kind else ''}.json")
-
-
-def kept(paths: list[Path]) -> dict | None:
-    """The first record among `paths` that exists (the job's own folder first, then the ledger)."""
-    for path in paths:
-        if path.is_file():
-            return json.loads(path.read_text())
-    return None
-
-
-def record(result: dict, paths: list[Path]) -> None:
-    for path in paths:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-
-
-def missing_files(task: Task) -> list[str]:
-    """The files `task` needs that are not there (a pattern of `needs` matches the plain or the .gz file)."""
-    return [str(path) for path in task.needs if not any(path.parent.glob(path.name))]
-
-
-# The option that says where each task's data is, for the console line of a column skipped for want of it.
-DATA_OPTIONS = {"gpt_char": "--shared", "lra_pixel": "--fashion-mnist"}
-
-
-def skipped_columns(columns: list[Task]) -> list[str]:
-    """One console line for each column whose data is missing: what is skipped, why, and how to include it."""
-    return [
-        f"skipping the {task.key} column: {', '.join(missing)} not found"
-        + (f" (pass {DATA_OPTIONS[task.key]} <the folder that holds it>)" if task.key in DATA_OPTIONS else "")
-        for task in columns
-        if (missing := missing_files(task))
-    ]
-
-
-def fresh_folder(folder: Path) -> None:
-    """An empty `folder`; one already there (an unfinished or older job) is kept aside rather than deleted."""
+def run_in_folder(folder: Path, arguments: list[str]) -> tuple[int, Path]:
+    """run_in_process with its log in a fresh `folder` (one already there is kept aside, not deleted)."""
     if folder.exists():
         folder.rename(folder.with_name(f"{folder.name}.old-{datetime.now():%Y%m%d-%H%M%S}"))
     folder.mkdir(parents=True)
+    return run_in_process(arguments, folder / "study.log"), folder / "study.log"
 
 
 def unfinished(code: int, log: Path) -> dict:
-    """The record of a job that ended without a number: exit 2 is bad input (by definition, as run.py says it)."""
-    if code == 2:
-        return {"status": "error", "reason": error_line(log)}
-    return {"status": "failed", "reason": f"failed (exit {code}): see {log}"}
+    """The record of a job that ended without a number: exit 2 is bad input, whose one line the log ends with."""
+    if code != 2:
+        return {"status": "failed", "reason": f"failed (exit {code}): see {log}"}
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("error: ")]
+    return {"status": "error", "reason": lines[-1][len("error: ") :] if lines else "exit 2 without a message"}
 
 
-NOT_RUN = {"status": "not run", "reason": "not run yet"}  # --reuse: a job without a record
+def now() -> str:
+    return datetime.now().strftime("%Y-%m-%d %H:%M")
 
 
-def run_job(job: Job, reuse: bool, ledger: Path | None = None, machine_name: str = "", run: bool = True) -> dict:
-    """Run one job (or, with `reuse`, take its record from its folder or the ledger; with `run` False, NOT_RUN
-    where there is none). A job that ends with a number, or with a one-line error (a row that cannot run the task
-    by definition), is also written to the ledger, so that --reuse shows its number or its reason; failures are
-    not. A recorded error is redone whenever jobs may run (`run`: --resume): it ends in seconds, and the code may
-    run that row now."""
-    own = job.folder / "study_result.json"
-    in_ledger = [ledger_file(ledger, job)] if ledger is not None else []
-    found = kept([own, *in_ledger]) if reuse or not run else None
-    if found is not None and not (run and found["status"] == "error"):
-        return {**found, "reused": True}
+def run_job(job: Job, ledger: Path | None = None, mode: str = "run", machine_name: str = "") -> dict:
+    """One job's record: the ledger's where `mode` takes it (recorded), else the job run now ("not run" with
+    --reuse). One that ends with a number or a one-line error goes to the ledger; a failure does not."""
+    path = ledger_file(ledger, job)
+    if (found := recorded(path, mode)) is not None:
+        return found
     if reason := beyond_longest(job.row, job.task.length, "run"):
         return {"status": "error", "reason": reason}
-    if not run:
+    if mode == "reuse":
         return dict(NOT_RUN)
-    if missing := missing_files(job.task):
-        return {"status": "skipped", "reason": f"{', '.join(missing)} not found"}
-    fresh_folder(job.folder)
-    log = job.folder / "study.log"
+    if missing := skipped(job.task):
+        return missing
     print(f"{job.task.key} / {job.row.name} / seed {job.seed} ...", end=" ", flush=True)
     start = time.perf_counter()
-    code = run_in_process(job.arguments, log)
+    code, log = run_in_folder(job.folder, job.arguments)
     wall = time.perf_counter() - start
     metrics_file = job.folder / "metrics.json"
     if code == 0 and metrics_file.is_file():
@@ -532,44 +469,39 @@ def run_job(job: Job, reuse: bool, ledger: Path | None = None, machine_name: str
             {"status": "failed", "reason": f"no {job.task.metric} in {metrics_file}"}  # fmt: skip
     else:
         result = unfinished(code, log)
-    result.update(wall_s=round(wall, 1), date=datetime.now().strftime("%Y-%m-%d %H:%M"), seed=job.seed,
-                  machine=machine_name, command="python run.py " + " ".join(job.arguments))  # fmt: skip
+    result.update(wall_s=round(wall, 1), date=now(), seed=job.seed, machine=machine_name,
+                  command="python run.py " + " ".join(job.arguments))  # fmt: skip
     outcome = fmt(result.get("value"), job.task.digits) if result["status"] == "ok" else result["reason"]
     print(f"{result['status']} {outcome} ({wall:.0f} s)", flush=True)
-    record(result, [own, *(in_ledger if result["status"] in ("ok", "error") else [])])
+    if result["status"] in ("ok", "error"):
+        write_record(path, result)
     return result
 
 
 def run_as(job: Job, plain: Job, args: argparse.Namespace, done: dict[Path, dict]) -> dict:
-    """The record of a row that trains as `plain`'s row by definition (PLAIN_WITHIN_BLOCK): with --reuse, its own
-    (folder or ledger); else a one-batch run of the row (trainer.fast_dev_run: its one-line error if it cannot
-    run the task), then `plain`'s record (`done` in this study, else run or reused now), kept as the row's own."""
-    own = job.folder / "study_result.json"
-    in_ledger = [ledger_file(args.ledger, job)] if args.ledger is not None else []
-    found = kept([own, *in_ledger]) if args.reuse or args.resume else None
-    if found is not None and not (args.resume and not args.reuse and found["status"] == "error"):
-        return {**found, "reused": True}  # --resume redoes a one-line error, as run_job does
-    if args.reuse:
+    """The record of a row that trains as `plain`'s row by definition (PLAIN_WITHIN_BLOCK): the ledger's where
+    --reuse or --resume takes it; else a one-batch run of the row (its one-line error if it cannot run the task),
+    then `plain`'s record (`done` in this study, else run or taken now), kept as the row's own."""
+    path, mode = ledger_file(args.ledger, job), mode_of(args)
+    if (found := recorded(path, mode)) is not None:
+        return found
+    if mode == "reuse":
         return dict(NOT_RUN)
-    if missing_files(job.task):
-        return run_job(job, args.reuse)  # skipped, with the missing files named
-    fresh_folder(job.folder)
-    log = job.folder / "study.log"
+    if missing := skipped(job.task):
+        return missing
     print(f"{job.task.key} / {job.row.name} / seed {job.seed}: one batch ...", end=" ", flush=True)
     check = Job(job.task, job.row, job.seed, job.folder / "one_batch")
-    code = run_in_process([*check.arguments, "trainer.fast_dev_run=true"], log)
+    code, log = run_in_folder(job.folder, [*check.arguments, "trainer.fast_dev_run=true"])
     if code != 0:
-        result = unfinished(code, log)
-        result.update(seed=job.seed, command="python run.py " + " ".join(check.arguments))
+        result = {**unfinished(code, log), "seed": job.seed, "command": "python run.py " + " ".join(check.arguments)}
         print(f"{result['status']} {result['reason']}", flush=True)
-        record(result, [own, *(in_ledger if result["status"] == "error" else [])])  # as run_job keeps it
-        return result
-    print(f"ok; trains as {plain.folder.name}", flush=True)
-    if plain.folder not in done:
-        done[plain.folder] = run_job(plain, args.resume, args.ledger, args.machine_name)
-    result = {**{key: value for key, value in done[plain.folder].items() if key != "reused"},
-              "trained_as": plain.folder.name}  # fmt: skip
-    record(result, [own, *(in_ledger if result["status"] == "ok" else [])])
+    else:
+        print(f"ok; trains as {plain.folder.name}", flush=True)
+        if plain.folder not in done:
+            done[plain.folder] = run_job(plain, args.ledger, mode, args.machine_name)
+        result = {**{k: v for k, v in done[plain.folder].items() if k != "reused"}, "trained_as": plain.folder.name}
+    if result["status"] in ("ok", "error"):
+        write_record(path, result)
     return result
 
 
@@ -657,28 +589,23 @@ def extrapolation(job: Job, quick: bool, factor: int = 4) -> dict:
 
 
 def longer_block(job: Job, result: dict, args: argparse.Namespace) -> dict:
-    """The 4x evaluation of a finished GPT job, kept beside it (reused with --reuse). The ledger keeps its number
-    and also its one-line error: a later --reuse may find the job's record there but not its checkpoint, and the
-    error (a weight shaped by the block) is a fact of the row, not of the run."""
-    own = job.folder / "study_extrapolation.json"
-    in_ledger = [ledger_file(args.ledger, job, "extrapolation")] if args.ledger is not None else []
+    """The 4x evaluation of a finished GPT job, kept in the ledger with its number or its one-line error (a weight
+    shaped by the block is a fact of the row: a later --reuse may find the job's record but not its checkpoint)."""
     if result["status"] != "ok":
         return {"status": result["status"], "reason": result.get("reason")}
-    if (args.reuse or args.resume) and (found := kept([own, *in_ledger])) is not None:
-        outcome = found
-    elif args.reuse:
+    path = ledger_file(args.ledger, job, "extrapolation")
+    if (found := read_record(path) if args.reuse or args.resume else None) is not None:
+        return found
+    if args.reuse:
         return dict(NOT_RUN)
-    else:
-        start = time.perf_counter()
-        try:
-            outcome = extrapolation(job, args.quick)
-        except Exception as error:  # a bug in this evaluation must not end the study
-            reason = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
-            outcome = {"status": "failed", "reason": reason}
-        outcome["wall_s"] = round(time.perf_counter() - start, 1)
-        record(outcome, [own])
+    start = time.perf_counter()
+    try:
+        outcome = extrapolation(job, args.quick)
+    except Exception as error:  # a bug in this evaluation must not end the study
+        outcome = {"status": "failed", "reason": f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"}
+    outcome["wall_s"] = round(time.perf_counter() - start, 1)
     if outcome["status"] in ("ok", "error"):
-        record(outcome, in_ledger)
+        write_record(path, outcome)
     return outcome
 
 
@@ -688,8 +615,8 @@ def most_common_share(task: Task, folder: Path) -> dict:
     nothing but the class prior (a row at this value answers that class to every input)."""
     import hydra
 
-    if missing := missing_files(task):
-        return {"status": "skipped", "reason": f"{', '.join(missing)} not found"}
+    if missing := skipped(task):
+        return missing
     data = hydra.utils.instantiate(compose(list(task.overrides), folder).data, _convert_="all")
     data.setup("test")
     labels = data.splits["test"].tensors[1]
@@ -778,54 +705,57 @@ def step_times(rows: list[Row], quick: bool, shapes: dict[int, tuple[int, int | 
             "lengths": list(shapes), "rows": results}  # fmt: skip
 
 
+def ledger_table(args: argparse.Namespace, name: str, measure: Callable[[], dict], merge) -> dict | None:
+    """A record of the ledger's own (speed.json, prior.json): with --reuse read as it is (None when absent); else
+    measured now, merged into what the ledger holds (`merge(old, new)`) and written back."""
+    path = args.ledger / name if args.ledger is not None else None
+    old = read_record(path)
+    if args.reuse:
+        return old
+    new = measure()
+    write_record(path, merged := merge(old, new) if old else new)
+    return merged
+
+
+EMPTY_SPEED = {"batch": 0, "steps": 0, "rounds": 0, "threads": 0, "lengths": [], "rows": {}}
+
+
 def int_keys(speed: dict) -> dict:
     """A speed record read back from JSON: its lengths as ints again."""
     rows = {name: {int(n): result for n, result in by_n.items()} for name, by_n in speed.get("rows", {}).items()}
     return {**speed, "lengths": [int(n) for n in speed.get("lengths", [])], "rows": rows}
 
 
-def ledger_record(args: argparse.Namespace, name: str, measure, merge) -> dict | None:
-    """A record of the ledger's own (speed.json, prior.json): with --reuse read as it is (None when absent); else
-    measured now (`measure()`), merged into what the ledger holds (`merge(old, new)`) and written back."""
-    path = args.ledger / name if args.ledger is not None else None
-    old = json.loads(path.read_text()) if path is not None and path.is_file() else None
-    if args.reuse:
-        return old
-    new = measure()
-    merged = merge(old, new) if old else new
-    if path is not None:
-        record(merged, [path])
-    return merged
-
-
 def speed_of(args: argparse.Namespace, rows: list[Row]) -> dict:
-    """Training time per step and peak memory of `rows` (step_times), kept in the ledger's speed.json with the
-    date and machine of each measurement; --reuse reads it."""
-    stamp = {"date": datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": args.machine_name}
+    """step_times of `rows`, each stamped with its date and machine, kept in the ledger's speed.json."""
 
     def measure() -> dict:
         speed = step_times(rows, args.quick)
-        for by_n in speed["rows"].values():
-            for result in by_n.values():
-                result.update(stamp)
+        for result in (r for by_n in speed["rows"].values() for r in by_n.values()):
+            result.update(date=now(), machine=args.machine_name)
         return speed
 
     def merge(old: dict, new: dict) -> dict:
         old = int_keys(old)
         return {**new, "lengths": sorted({*old["lengths"], *new["lengths"]}), "rows": {**old["rows"], **new["rows"]}}
 
-    found = ledger_record(args, "speed.json", measure, merge)
-    empty = {"batch": 0, "steps": 0, "rounds": 0, "threads": 0, "lengths": [], "rows": {}}
-    speed = int_keys(found) if found else empty
+    speed = int_keys(found) if (found := ledger_table(args, "speed.json", measure, merge)) else EMPTY_SPEED
     return {**speed, "rows": {row.name: speed["rows"][row.name] for row in rows if row.name in speed["rows"]}}
+
+
+def prior_of(args: argparse.Namespace, columns: list[Task]) -> dict:
+    """priors() of the columns, kept in the ledger's prior.json."""
+    folder = args.runs_dir / ("quick" if args.quick else "full") / "prior"
+    found = ledger_table(args, "prior.json", lambda: priors(columns, folder), lambda old, new: {**old, **new}) or {}
+    return {task.key: found[task.key] for task in columns if task.prior and task.key in found}
 
 
 def cost_arguments(job: Job, out: Path) -> list[str]:
     """The job's command cut to COST_STEPS training steps, without validation or test, with StepCost writing to
     `out`; as many epochs as those steps take (a small training set, as --quick's numbers task, has fewer batches)."""
     return list(replaced(tuple(job.arguments), f"trainer.max_steps={COST_STEPS}", "trainer.max_epochs=-1",
-                         "trainer.limit_val_batches=0",
-                         "test=false", "+callbacks.step_cost._target_=experiments.step_cost.StepCost",
+                         "trainer.limit_val_batches=0", "test=false",
+                         "+callbacks.step_cost._target_=experiments.step_cost.StepCost",
                          f"+callbacks.step_cost.path={out}"))  # fmt: skip
 
 
@@ -833,16 +763,14 @@ def probe_cost(task: Task, row: Row, args: argparse.Namespace) -> dict:
     """The step time and peak memory of `row` on `task` (cost_arguments), or the one-line reason it has none."""
     import torch
 
-    if missing := missing_files(task):
-        return {"status": "skipped", "reason": f"{', '.join(missing)} not found"}
+    if missing := skipped(task):
+        return missing
     if reason := beyond_longest(row, task.length, "measured"):
         return {"status": "error", "reason": reason}
     seed0 = job_folder(args.runs_dir / ("quick" if args.quick else "full"), task, row, 0)
     job = Job(task, row, 0, seed0.with_name(seed0.name.replace("-seed0", "-cost")))
-    fresh_folder(job.folder)
-    out, log = job.folder / "step_cost.json", job.folder / "study.log"
     print(f"{task.key} / {row.name} / cost ...", end=" ", flush=True)
-    code = run_in_process(cost_arguments(job, out), log)
+    code, log = run_in_folder(job.folder, cost_arguments(job, out := job.folder / "step_cost.json"))
     if code == 0 and out.is_file():
         result = {"status": "ok", **json.loads(out.read_text())}
         shown = f"{fmt(result['step_ms'], 0)} ms/step, {fmt(result['peak_mib'], 1)} MiB"
@@ -850,30 +778,7 @@ def probe_cost(task: Task, row: Row, args: argparse.Namespace) -> dict:
         result = unfinished(code, log)
         shown = result["reason"]
     print(f"{result['status']} {shown}", flush=True)
-    result.update(date=datetime.now().strftime("%Y-%m-%d %H:%M"), machine=args.machine_name,
-                  threads=torch.get_num_threads())  # fmt: skip
-    return result
-
-
-def cost_of(args: argparse.Namespace, rows: list[Row], columns: list[Task]) -> dict:
-    """{task: {row: cost record}} of the shown rows and columns, kept in the ledger's cost.json. Measured (probe_cost)
-    when --tasks names `cost` or names no column at all; --resume measures only the pairs without a record (or with
-    a one-line error, redone as run_job redoes one); --reuse reads the ledger only."""
-    path = args.ledger / COST if args.ledger is not None else None
-    found: dict = json.loads(path.read_text()) if path is not None and path.is_file() else {}
-    measure = not args.reuse and (not args.tasks or "cost" in args.tasks)
-    for task in cost_columns(args, columns) if measure else []:
-        for row in rows:
-            kept_record = found.get(task.key, {}).get(row.name)
-            if args.resume and kept_record is not None and kept_record["status"] != "error":
-                continue
-            result = probe_cost(task, row, args)
-            if result["status"] in ("ok", "error"):
-                found.setdefault(task.key, {})[row.name] = result
-                if path is not None:
-                    record(found, [path])
-    return {task.key: {row.name: found[task.key][row.name] for row in rows if row.name in found.get(task.key, {})}
-            for task in columns}  # fmt: skip
+    return {**result, "date": now(), "machine": args.machine_name, "threads": torch.get_num_threads()}
 
 
 def cost_columns(args: argparse.Namespace, columns: list[Task]) -> list[Task]:
@@ -883,51 +788,59 @@ def cost_columns(args: argparse.Namespace, columns: list[Task]) -> list[Task]:
     return [task for task in tasks(args) if task.key not in OPT_IN]
 
 
-def prior_of(args: argparse.Namespace, columns: list[Task]) -> dict:
-    """priors() of the columns, kept in the ledger's prior.json; --reuse reads it."""
-    folder = args.runs_dir / ("quick" if args.quick else "full") / "prior"
-    found = ledger_record(args, "prior.json", lambda: priors(columns, folder), lambda old, new: {**old, **new})
-    return {task.key: found[task.key] for task in columns if task.prior and task.key in (found or {})}
+def cost_of(args: argparse.Namespace, rows: list[Row], columns: list[Task]) -> dict:
+    """{task: {row: cost record}} of the shown rows and columns, kept in the ledger's cost.json: measured (probe_cost)
+    when --tasks names `cost` or no column at all; --resume measures the pairs without a record or with a one-line
+    error; --reuse reads the ledger only."""
+    path = args.ledger / COST if args.ledger is not None else None
+    found: dict = read_record(path) or {}
+    measure = not args.reuse and (not args.tasks or "cost" in args.tasks)
+    for task in cost_columns(args, columns) if measure else []:
+        for row in rows:
+            if args.resume and found.get(task.key, {}).get(row.name, {}).get("status", "error") != "error":
+                continue
+            result = probe_cost(task, row, args)
+            if result["status"] in ("ok", "error"):
+                found.setdefault(task.key, {})[row.name] = result
+                write_record(path, found)
+    return {task.key: {row.name: found[task.key][row.name] for row in rows if row.name in found.get(task.key, {})}
+            for task in columns}  # fmt: skip
 
 
 # -- the study ------------------------------------------------------------------------------------------------
 def summarise(results: list[dict]) -> dict:
-    """Median and 95% bootstrap interval of a cell's seeds (study_stats.Cell), the seeds it needs (study_stats:
-    5 where its first job took under 2 minutes, else 3, whatever --seeds ran), or the reason it has no number."""
+    """Median and 95% bootstrap interval of a cell's seeds (study_stats.Cell), the seeds it needs (its first job's
+    time decides: study_stats.seeds_required), or the reason it has no number."""
     values = [r["value"] for r in results if r["status"] == "ok" and r.get("value") is not None]
     walls = [r["wall_s"] for r in results if r.get("wall_s") is not None]
     reasons = sorted({r["reason"] for r in results if r["status"] != "ok" and r.get("reason")})
-    wall = statistics.median(walls) if walls else None
-    cell = Cell.of(values) if values else None
+    cell = Cell.of(values) if values else Cell(None)
     return {
-        "median": cell.median if cell else None,
-        "low": cell.low if cell else None,
-        "high": cell.high if cell else None,
-        "values": values,
-        "required": seeds_required(results[0].get("wall_s") if results else None),  # the first seed's job time
-        "wall_s": wall,
+        "median": cell.median, "low": cell.low, "high": cell.high, "values": values,
+        "required": seeds_required(results[0].get("wall_s") if results else None),
+        "wall_s": statistics.median(walls) if walls else None,
         "cpu_s": sum(r["wall_s"] for r in results if r.get("wall_s") is not None and not r.get("trained_as")),
         "reason": reasons[0] if reasons else None,
-    }
+    }  # fmt: skip
 
 
 def run_study(args: argparse.Namespace, rows: list[Row], columns: list[Task]) -> dict:
-    mode = "quick" if args.quick else "full"
-    runs_dir = args.runs_dir / mode
+    """{row: {column: cell}}: each cell's seeds run (or taken from the ledger) up to the count its first job's time
+    sets (--seeds caps it); a job that cannot run, or has no record, gets no further seed."""
+    runs_dir = args.runs_dir / ("quick" if args.quick else "full")
     cells: dict[str, dict[str, dict]] = {row.name: {} for row in rows}
     done: dict[Path, dict] = {}  # job folder -> record, for the rows that train as another (run_as)
     for task in columns:
         for row in rows:
-            results = []
-            seed, required = 0, 1
-            while seed < required:
+            results: list[dict] = []
+            while len(results) < (args.seeds or summarise(results)["required"] if results else 1):
+                seed = len(results)
                 job = Job(task, row, seed, job_folder(runs_dir, task, row, seed))
                 if row.attention.get("rope_scaling") in PLAIN_WITHIN_BLOCK:
                     plain = plain_row(rows)
                     result = run_as(job, Job(task, plain, seed, job_folder(runs_dir, task, plain, seed)), args, done)
                 else:
-                    result = done[job.folder] = run_job(job, args.reuse or args.resume, args.ledger,
-                                                         args.machine_name, run=not args.reuse)  # fmt: skip
+                    result = done[job.folder] = run_job(job, args.ledger, mode_of(args), args.machine_name)
                 if result["status"] == "not run" and results:
                     break  # --reuse: the seeds recorded so far
                 results.append(result)
@@ -936,11 +849,7 @@ def run_study(args: argparse.Namespace, rows: list[Row], columns: list[Task]) ->
                         longer_block(job, result, args)
                     )
                 if result["status"] != "ok":
-                    break  # a job that cannot run (or has not run) gets no second seed
-                # the first seed's time decides how many the cell needs, as summarise counts them on the page (a
-                # cap: --seeds); later seeds, on another host or beside other jobs, do not move it
-                required = args.seeds or summarise(results)["required"]
-                seed += 1
+                    break
             cells[row.name][task.key] = {"runs": results}
     for row_cells in cells.values():
         for cell in row_cells.values():
@@ -950,18 +859,15 @@ def run_study(args: argparse.Namespace, rows: list[Row], columns: list[Task]) ->
     return cells
 
 
-# -- writing --------------------------------------------------------------------------------------------------
-class Footnotes:
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
-    def mark(self, text: str) -> str:
-        if text not in self.notes:
-            self.notes.append(text)
-        return f"[{self.notes.index(text) + 1}]"
+# -- the page -------------------------------------------------------------------------------------------------
+class Footnotes(list):
+    def mark(self, note: str) -> str:
+        if note not in self:
+            self.append(note)
+        return f"[{self.index(note) + 1}]"
 
     def markdown(self) -> str:
-        return "\n".join(f"[{i}] {note}" for i, note in enumerate(self.notes, 1))
+        return "\n\n" + "\n".join(f"[{i}] {note}" for i, note in enumerate(self, 1)) if self else ""
 
 
 def measured_before_change(row: str, result: dict, notes: Footnotes) -> str:
@@ -984,9 +890,7 @@ def cell_text(cell: dict | None, digits: int, notes: Footnotes, mark: str = "") 
         shown += f" [{fmt(cell['low'], digits)}, {fmt(cell['high'], digits)}]"
     if cell.get("required"):
         shown += f" n={len(cell['values'])}/{cell['required']}"
-    if mark == "winner":
-        return f"**{shown}** winner"
-    return f"{shown} ≈ best" if mark in ("best", "≈ best") else shown
+    return f"**{shown}** winner" if mark == "winner" else f"{shown} ≈ best" if mark in ("best", "≈ best") else shown
 
 
 def cost_section(rows: list[Row], columns: list[Task], cost: dict) -> str:
@@ -995,53 +899,42 @@ def cost_section(rows: list[Row], columns: list[Task], cost: dict) -> str:
 
     notes = Footnotes()
 
-    def text(result: dict | None, row: str) -> str:
+    def shown(result: dict | None, row: str) -> str:
         if result is None:
             return "not measured"
         if result["status"] != "ok":
             return notes.mark(result["reason"])
-        shown = f"{fmt(result['step_ms'], 0)} ({fmt(result['peak_mib'], 1)})"
-        return shown + measured_before_change(row, result, notes)
+        late = measured_before_change(row, result, notes)
+        return f"{fmt(result['step_ms'], 0)} ({fmt(result['peak_mib'], 1)}){late}"
 
-    body = [[row.name, *(text(cost.get(task.key, {}).get(row.name), row.name) for task in columns)] for row in rows]
+    body = [[row.name, *(shown(cost.get(task.key, {}).get(row.name), row.name) for task in columns)] for row in rows]
     records = [r for by_row in cost.values() for r in by_row.values() if r["status"] == "ok"]
     measured = (
-        f" Measured {min(r['date'] for r in records)} to {max(r['date'] for r in records)} on "
-        f"{'; '.join(sorted({r['machine'] for r in records}))}, "
-        f"{', '.join(sorted({str(r['threads']) for r in records}))} torch thread(s) a run."
+        (
+            f" Measured {min(r['date'] for r in records)} to {max(r['date'] for r in records)} on "
+            f"{'; '.join(sorted({r['machine'] for r in records}))}, "
+            f"{', '.join(sorted({str(r['threads']) for r in records}))} torch thread(s) a run."
+        )
         if records
         else ""
     )
-    return (
-        "## Step time and peak memory at each task's length\n\n"
-        "ms per training step (peak MiB): each row's job of the column, seed 0, cut to "
-        f"{COST_STEPS} training steps without validation or test (`--tasks cost`, experiments/step_cost.py): the "
-        f"median time of the steps after {WARMUP} warm-up ones (forward, backward, optimiser step; data loading not "
-        "counted) and the high-water mark of tensor bytes over the last step, above what was live at its start "
-        "(activations, gradients, the optimiser's update; torch.profiler). Same length, batch and width as the "
-        "column's jobs."
-        + measured
-        + "\n\n"
-        + table(["attention", *(task.title for task in columns)], body)
-        + ("\n\n" + notes.markdown() if notes.notes else "")
-    )
-
-
-def lra_anchor(row: str) -> str:
-    for model, scores in LRA_TABLE_1.items():
-        if row in scores["rows"]:
-            return f"{model}: {scores['Image']:.2f} / {scores['ListOps']:.2f}"
-    return "-"
+    return ("## Step time and peak memory at each task's length\n\nms per training step (peak MiB): each row's job of "
+            f"the column, seed 0, cut to {COST_STEPS} training steps without validation or test (`--tasks cost`, "
+            f"experiments/step_cost.py): the median time of the steps after {WARMUP} warm-up ones (forward, backward, "
+            "optimiser step; data loading not counted) and the high-water mark of tensor bytes over the last step, "
+            "above what was live at its start (activations, gradients, the optimiser's update; torch.profiler). Same "
+            f"length, batch and width as the column's jobs.{measured}\n\n"
+            + table(["attention", *(task.title for task in columns)], body) + notes.markdown())  # fmt: skip
 
 
 def columns_of(columns: list[Task]) -> list[tuple[str, str, int, bool]]:
     """(key, header, digits, higher is better) of every quality column, the 4x extrapolation after the GPT's."""
-    out = []
-    for task in columns:
-        out.append((task.key, task.title, task.digits, task.higher_is_better))
-        if task.key == "gpt_char":
-            out.append((EXTRAPOLATION, "GPT val loss at 4x the block", 4, False))
-    return out
+    return [
+        column
+        for task in columns
+        for column in [(task.key, task.title, task.digits, task.higher_is_better)]
+        + ([(EXTRAPOLATION, "GPT val loss at 4x the block", 4, False)] if task.key == "gpt_char" else [])
+    ]
 
 
 def column_cells(cells: dict, key: str) -> dict[str, Cell]:
@@ -1050,62 +943,49 @@ def column_cells(cells: dict, key: str) -> dict[str, Cell]:
             for name, row in cells.items() if row.get(key, {}).get("median") is not None}  # fmt: skip
 
 
+def at_prior(column: dict[str, Cell], share: dict, digits: int) -> bool:
+    """Whether no row of the column scores above the class prior's share (as shown): nothing learned but the prior."""
+    top = max((cell.median for cell in column.values()), default=None)
+    if share.get("status") != "ok" or top is None:
+        return False
+    return float(fmt(top, digits)) <= float(fmt(share["value"], digits))
+
+
 def marks(cells: dict, quality: list[tuple[str, str, int, bool]], prior: dict) -> dict[str, dict[str, str]]:
-    """column key -> row -> the verdict's mark (study_stats.verdict); none in a column whose best row is not above
-    the class prior (nothing learned: no row is best there)."""
-    out = {}
-    for key, _, digits, higher in quality:
-        column = column_cells(cells, key)
-        share = prior.get(key, {})
-        top = max((cell.median for cell in column.values()), default=None)
-        at_prior = (
-            share.get("status") == "ok"
-            and top is not None
-            and (float(fmt(top, digits)) <= float(fmt(share["value"], digits)))
-        )
-        out[key] = {} if at_prior else verdict(column, higher)["marks"]
-    return out
+    """column key -> row -> the verdict's mark (study_stats.verdict); none in a column at the class prior."""
+    return {key: {} if at_prior(column := column_cells(cells, key), prior.get(key, {}), digits)
+            else verdict(column, higher)["marks"] for key, _, digits, higher in quality}  # fmt: skip
 
 
-def winners(
-    cells: dict, quality: list[tuple[str, str, int, bool]], speed: dict, prior: dict | None = None
-) -> list[str]:
-    """Each column's verdict (study_stats.verdict): its winner, or "no clear winner" and the rows tied with the best;
-    where none beats the class prior's share (prior: most_common_share by task), no row at all: every row with a
-    number answers the most common class."""
+def winners(cells: dict, quality: list[tuple[str, str, int, bool]], speed: dict, prior: dict | None = None) -> list:
+    """Each column's verdict line: its winner, or "no clear winner" and the rows tied with the best; "no row" where
+    none beats the class prior. The step timings by the same rule, over their timing rounds."""
     lines = []
     for key, header, digits, higher in quality:
-        column = column_cells(cells, key)
-        if not column:
+        if not (column := column_cells(cells, key)):
             continue
-        result = verdict(column, higher)
-        top = column[result["best"]]
         share = (prior or {}).get(key, {})
-        if share.get("status") == "ok" and float(fmt(top.median, digits)) <= float(fmt(share["value"], digits)):
+        if at_prior(column, share, digits):
             lines.append(
                 f"- {header}: **no row** above the most common class's share ({fmt(share['value'], digits)}"
                 f", class {share['class']}): none of the {len(column)} row(s) with a number scored above it"
             )
             continue
-        lines.append(verdict_line(header, column, result, lambda x, d=digits: fmt(x, d), "seed", "rows with a number"))
+        lines.append(verdict_line(header, column, verdict(column, higher), lambda x, d=digits: fmt(x, d), "seed",
+                                  "rows with a number"))  # fmt: skip
     for n in speed["lengths"]:
-        # The same rule over the timing rounds (each the mean of a few steps, interleaved across rows): a speed
-        # column names a winner only when its interval excludes every other row's median, as a quality one does.
         column = {name: Cell.of(r[n].get("rounds") or [r[n]["value"]])
                   for name, r in speed["rows"].items() if r.get(n, {}).get("status") == "ok"}  # fmt: skip
-        if not column:
-            continue
-        result = verdict(column, higher_is_better=False)
-        lines.append(verdict_line(f"training step at n={n}", column, result, lambda x: f"{x:.0f}", "timing round",
-                                  "rows timed", unit=" ms"))  # fmt: skip
+        if column:
+            lines.append(verdict_line(f"training step at n={n}", column, verdict(column, False), lambda x: f"{x:.0f}",
+                                      "timing round", "rows timed", unit=" ms"))  # fmt: skip
     return lines
 
 
 def verdict_line(header: str, column: dict[str, Cell], result: dict, shown: Callable[[float], str], sample: str,
                  counted: str, unit: str = "") -> str:  # fmt: skip
-    """A column's line of "Which setting wins where" from its verdict (study_stats.verdict): the winner, or "no clear
-    winner" with the best median and the rows tied with it. `shown` writes a value (its `unit` after the median),
-    `sample` names what the interval is over (seed, timing round) and `counted` the rows it compared."""
+    """A column's line of "Which setting wins where": `shown` writes a value, `sample` names what the interval is
+    over (seed, timing round), `counted` the rows it compared."""
     top = column[result["best"]]
     interval = f" [{shown(top.low)}, {shown(top.high)}]" if top.low is not None else ""
     value = f"{shown(top.median)}{unit}{interval}, {top.n} {sample}(s)"
@@ -1118,10 +998,39 @@ def verdict_line(header: str, column: dict[str, Cell], result: dict, shown: Call
             f"{', '.join(tied) or 'none'} ({len(column)} {counted})")  # fmt: skip
 
 
+def zoology_anchor(cells: dict, quality: list[tuple[str, str, int, bool]]) -> list[str]:
+    """Per MQAR column: whether full attention is ahead of linear attention as in Zoology (full's interval above
+    linear's), and which rows reach full's level (their interval overlaps full's) or stay below."""
+    lines = []
+    attention, substitute = ZOOLOGY["attention"], ZOOLOGY["substitute"]
+    for key, header, digits, _ in (q for q in quality if q[0].startswith("mqar")):
+        column = column_cells(cells, key)
+        if attention not in column or substitute not in column:
+            lines.append(f"- {header}: not yet measured ({attention} or {substitute} has no number)")
+            continue
+        top, other = column[attention], column[substitute]
+        shown = {name: fmt(cell.median, digits) for name, cell in column.items()}
+        if top.n < 3 or other.n < 3:
+            said = f"too few seeds to say ({top.n} and {other.n}; 3 needed)"
+        elif top.span()[0] > other.span()[1]:
+            said = "**reproduced**: full attention's interval lies above linear attention's"
+        elif top.median > other.median:
+            said = "not shown: full attention's median is higher but the intervals overlap"
+        else:
+            said = "**not reproduced**: linear attention's median is as high as full attention's or higher"
+        low, high = top.span()
+        others = sorted((n for n in column if n != attention), key=lambda n: -column[n].median)
+        level = [n for n in others if column[n].span()[1] >= low and column[n].span()[0] <= high]
+        below = ", ".join(f"{n} {shown[n]}" for n in others if n not in level)
+        lines.append(f"- {header}: full {shown[attention]}, linear {shown[substitute]} ({top.n} and {other.n} seeds): "
+                     f"{said}. At full attention's level (interval overlapping its): {', '.join(level) or 'none'}; "
+                     f"below it: {below or 'none'}")  # fmt: skip
+    return lines
+
+
 def plot_times(cells: dict, key: str, cost: dict | None) -> tuple[str, dict[str, float]]:
-    """(the x-axis label, {row: x}) of column `key`'s panel: each row's training step time from the cost pass where
-    every row with a number has one (one pass, one host, one thread: the rows compare), else its jobs' median wall
-    seconds (those mix hosts and whatever ran beside the jobs). The 4x column is placed at the GPT's training."""
+    """(x-axis label, {row: x}) of column `key`'s panel: the cost pass's step time where every row with a number has
+    one (one pass, one host: the rows compare), else the jobs' median wall seconds; the 4x column at the GPT's."""
     timed = "gpt_char" if key == EXTRAPOLATION else key
     shown = [name for name, row in cells.items() if row.get(key, {}).get("median") is not None]
     steps = {name: (cost or {}).get(timed, {}).get(name, {}) for name in shown}
@@ -1131,13 +1040,10 @@ def plot_times(cells: dict, key: str, cost: dict | None) -> tuple[str, dict[str,
     return "wall seconds per job (log)", {name: wall for name, wall in walls.items() if wall}
 
 
-def plot(
-    cells: dict, quality: list[tuple[str, str, int, bool]], path: Path, prior: dict | None = None,
-    cost: dict | None = None,
-) -> None:  # fmt: skip
-    """One panel per quality column: each row's median against its training time (plot_times: the cost pass's step
-    time, else the jobs' wall time; log). A column with a class prior (most_common_share) draws it as a dashed line;
-    the rows on it are grey and counted rather than named (their names would sit on top of each other)."""
+def plot(cells: dict, quality: list[tuple[str, str, int, bool]], path: Path, prior: dict | None = None,
+         cost: dict | None = None) -> None:  # fmt: skip
+    """One panel per quality column: each row's median and interval against its training time (plot_times, log). A
+    class prior is a dashed line; the rows on it are grey and counted rather than named."""
     import math
 
     import matplotlib
@@ -1147,7 +1053,7 @@ def plot(
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     if not quality:
-        return  # a run of the speed table alone (--tasks speed): no quality column to draw
+        return  # the speed table alone (--tasks speed): nothing to draw
     columns = min(4, len(quality))
     rows = math.ceil(len(quality) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.0 * rows), squeeze=False)
@@ -1159,13 +1065,13 @@ def plot(
         share = (prior or {}).get(key, {})
         at = fmt(share["value"], digits) if share.get("status") == "ok" else None
         for x, value, name in points:
-            on_prior = at is not None and fmt(value, digits) == at
+            color = "tab:grey" if at is not None and fmt(value, digits) == at else "tab:blue"
             cell = cells[name][key]
             if cell.get("low") is not None:  # the 95% interval over seeds
-                ax.errorbar(x, value, yerr=[[value - cell["low"]], [cell["high"] - value]], fmt="none",
-                            ecolor="tab:grey" if on_prior else "tab:blue", elinewidth=0.8, capsize=2)  # fmt: skip
-            ax.scatter(x, value, color="tab:grey" if on_prior else "tab:blue")
-            if not on_prior:
+                ax.errorbar(x, value, yerr=[[value - cell["low"]], [cell["high"] - value]], fmt="none", ecolor=color,
+                            elinewidth=0.8, capsize=2)  # fmt: skip
+            ax.scatter(x, value, color=color)
+            if color == "tab:blue":
                 ax.annotate(name, (x, value), fontsize=7, xytext=(3, 3), textcoords="offset points")
         if at is not None:
             ax.axhline(share["value"], color="tab:grey", linestyle="--", linewidth=0.8)
@@ -1189,42 +1095,8 @@ def plot(
     plt.close(fig)
 
 
-def zoology_anchor(cells: dict, quality: list[tuple[str, str, int, bool]]) -> list[str]:
-    """Per MQAR column: whether full attention is ahead of linear attention as in Zoology (full's interval above
-    linear's; the same seeds), and which rows reach full's level (their interval overlaps full's) or stay below."""
-    lines = []
-    attention, substitute = ZOOLOGY["attention"], ZOOLOGY["substitute"]
-    for key, header, digits, _ in quality:
-        if not key.startswith("mqar"):
-            continue
-        column = column_cells(cells, key)
-        if attention not in column or substitute not in column:
-            lines.append(f"- {header}: not yet measured ({attention} or {substitute} has no number)")
-            continue
-        top, other = column[attention], column[substitute]
-        shown = {name: fmt(cell.median, digits) for name, cell in column.items()}
-        if top.n < 3 or other.n < 3:
-            said = f"too few seeds to say ({top.n} and {other.n}; 3 needed)"
-        elif top.span()[0] > other.span()[1]:
-            said = "**reproduced**: full attention's interval lies above linear attention's"
-        elif top.median > other.median:
-            said = "not shown: full attention's median is higher but the intervals overlap"
-        else:
-            said = "**not reproduced**: linear attention's median is as high as full attention's or higher"
-        low, high = top.span()
-        level = sorted((n for n, c in column.items() if n != attention and c.span()[1] >= low and c.span()[0] <= high),
-                       key=lambda n: -column[n].median)  # fmt: skip
-        below = sorted((n for n in column if n != attention and n not in level), key=lambda n: -column[n].median)
-        lines.append(
-            f"- {header}: full {shown[attention]}, linear {shown[substitute]} ({top.n} and {other.n} seeds): {said}."
-            f" At full attention's level (interval overlapping its): {', '.join(level) or 'none'}; below it: "
-            + (", ".join(f"{n} {shown[n]}" for n in below) or "none")
-        )
-    return lines
-
-
 def provenance(cells: dict) -> str:
-    """Which jobs this run measured and which it took from earlier runs (--reuse): when, and on which machines."""
+    """Which jobs this run measured and which it took from earlier records (--reuse): when, and on which machines."""
     runs = [run for row in cells.values() for cell in row.values() for run in cell.get("runs", [])
             if run.get("status") == "ok" and "command" in run]  # fmt: skip
     earlier = [run for run in runs if run.get("reused")]
@@ -1238,25 +1110,20 @@ def provenance(cells: dict) -> str:
                  "native and in fp32 on the others (recipes.md measured the two within noise).")  # fmt: skip
     return (f"{len(runs) - len(earlier)} of the {len(runs)} jobs with a number ran in this run; {len(earlier)} were "
             f"measured earlier ({dates[0]} to {dates[-1]}, on {'; '.join(machines)}) and taken from their records "
-            f"(--reuse: the job folders, or the ledger {LEDGER}/).{mixed}")  # fmt: skip
+            f"(the ledger {LEDGER}/).{mixed}")  # fmt: skip
 
 
 def remaining_work(rows: list[Row], cells: dict, cost: dict) -> dict:
-    """What the page still lacks, for planning the next sitting: {"cells", "jobs", "hours", "unknown"}. A cell lacks
-    jobs when it has no record yet ("not run") or fewer seeds than it needs; a row that cannot run a task (its one-
-    line reason) lacks none, nor does the 4x column (the GPT's jobs) or a row trained as another (RoPE scaling within
-    the block). A job's wall time is estimated as the cell's own median job where it has one, else as full
-    attention's median job on that column times the row's step time over full's from the cost pass (one pass, so
-    the ratio holds); "unknown" counts the jobs with neither."""
+    """What the page lacks: {"cells", "jobs", "hours", "unknown"}. A cell lacks jobs when it has fewer seeds than it
+    needs (none recorded: "not run"); a row that cannot run a task, the 4x column and a row trained as another lack
+    none. A job's time: the cell's own median job, else full attention's on that column scaled by the cost pass's
+    step times; "unknown" counts the jobs with neither."""
     cells_lacking, jobs, seconds, unknown = 0, 0, 0.0, 0
-    for row in rows:
-        if row.attention.get("rope_scaling") in PLAIN_WITHIN_BLOCK:
-            continue
+    for row in (r for r in rows if r.attention.get("rope_scaling") not in PLAIN_WITHIN_BLOCK):
         for key, cell in cells[row.name].items():
-            if key == EXTRAPOLATION or (cell["median"] is None and cell.get("reason") != NOT_RUN["reason"]):
-                continue
             missing = cell["required"] - len(cell["values"])
-            if missing <= 0:
+            cannot = cell["median"] is None and cell.get("reason") != NOT_RUN["reason"]
+            if key == EXTRAPOLATION or cannot or missing <= 0:
                 continue
             cells_lacking, jobs = cells_lacking + 1, jobs + missing
             step, base = (cost.get(key, {}).get(name, {}) for name in (row.name, "full"))
@@ -1287,76 +1154,63 @@ def prior_text(prior: dict, columns: list[Task]) -> str:
     parts = [f"{titles.get(key, key)}: {fmt(share['value'], 3)} (class {share['class']}, of {share['test_size']})"
              if share["status"] == "ok" else f"{titles.get(key, key)}: not measured ({share['reason']})"
              for key, share in prior.items()]  # fmt: skip
-    if not parts:
-        return ""
-    return ("The most common class's share of the test set, the accuracy of a classifier that learned only the class "
-            "prior (a row at it answers that class to every input): " + "; ".join(parts) + ".")  # fmt: skip
+    return (
+        (
+            "The most common class's share of the test set, the accuracy of a classifier that learned only the class "
+            "prior (a row at it answers that class to every input): " + "; ".join(parts) + "."
+        )
+        if parts
+        else ""
+    )
 
 
-def markdown(
-    args, info, rows, notes_rows, columns, cells, speed, wall_min, prior: dict | None = None, cost: dict | None = None
-) -> str:
-    prior, cost = prior or {}, cost or {}
+def speed_text(result: dict | None, row: str, notes: Footnotes) -> str:
+    """A cell of the step-time columns: ms per step (peak MiB), or the reason there is none."""
+    if result is None:
+        return "not run"
+    if result["status"] != "ok":
+        return notes.mark(result["reason"])
+    memory = f" ({result['peak_mib']:.0f})" if result.get("peak_mib") is not None else " (not measured)"
+    return f"{result['value']:.0f}{memory}{measured_before_change(row, result, notes)}"
+
+
+def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min, prior=None, cost=None) -> str:
+    prior, cost, notes = prior or {}, cost or {}, Footnotes()
     quality = columns_of(columns)
-    notes = Footnotes()
+    verdicts = marks(cells, quality, prior)
     header = [
         "attention",
         *(title for _, title, _, _ in quality),
         *(f"ms/step (peak MiB) n={n}" for n in speed["lengths"]),
         "LRA (Tay et al. 2021) Image / ListOps %",
     ]
-    verdicts = marks(cells, quality, prior)
-    body = []
-    for row in rows:
-        line = [row.name, *(cell_text(cells[row.name].get(key), digits, notes, verdicts[key].get(row.name, ""))
-                            for key, _, digits, _ in quality)]  # fmt: skip
-        for n in speed["lengths"]:
-            result = speed["rows"].get(row.name, {}).get(n)
-            if result is None:
-                line.append("not run")
-            elif result["status"] == "ok":
-                memory = f" ({result['peak_mib']:.0f})" if result.get("peak_mib") is not None else " (not measured)"
-                line.append(f"{result['value']:.0f}{memory}{measured_before_change(row.name, result, notes)}")
-            else:
-                line.append(notes.mark(result["reason"]))
-        body.append([*line, lra_anchor(row.name)])
+    body = [[row.name, *(cell_text(cells[row.name].get(key), digits, notes, verdicts[key].get(row.name, ""))
+                         for key, _, digits, _ in quality),
+             *(speed_text(speed["rows"].get(row.name, {}).get(n), row.name, notes) for n in speed["lengths"]),
+             next((f"{model}: {s['Image']:.2f} / {s['ListOps']:.2f}" for model, s in LRA_TABLE_1.items()
+                   if row.name in s["rows"]), "-")] for row in rows]  # fmt: skip
     short = sum(1 for row in rows for key, *_ in quality if (cell := cells[row.name].get(key)) and cell["values"]
                 and len(cell["values"]) < cell.get("required", 1))  # fmt: skip
     cpu_hours = sum(cell.get("cpu_s") or 0 for row in cells.values() for cell in row.values()) / 3600
-
-    def wall(cell: dict) -> str:  # a job's time where it trained to a number ("-" where it failed to start)
-        return fmt(cell.get("wall_s") if cell.get("median") is not None else None, 0)
-
-    walls = [[row.name, *(wall(cells[row.name].get(key, {})) for key, _, _, _ in quality if key != EXTRAPOLATION)]
-             for row in rows]  # fmt: skip
-    lra = [
-        [model, f"{s['Image']:.2f}", f"{s['ListOps']:.2f}", ", ".join(s["rows"])] for model, s in LRA_TABLE_1.items()
-    ]
-    mode = "--quick: scaled-down runs, the numbers show that the pipeline works, not what the models reach" \
-        if args.quick else "full"  # fmt: skip
-    origin = [[row.name, row.origin, " ".join(row.overrides)] for row in rows]
-    budget = (
-        "--quick: digits as 64 pixels, ListOps of 256 tokens"
-        if args.quick
-        else f"{PIXEL_STEPS} steps of batch 32 on the pixel task"
-        + (f", one epoch of {LISTOPS_TRAIN} ListOps expressions" if any(t.key == "lra_listops" for t in columns) else
-           f", the learning ListOps recipe at up to {LISTOPS_LENGTH} tokens")
-    )  # fmt: skip
+    # a job's time where it trained to a number ("-" where it failed to start)
+    walls = [[row.name, *(fmt(cell.get("wall_s") if cell.get("median") is not None else None, 0)
+                          for key, _, _, _ in quality if key != EXTRAPOLATION
+                          for cell in [cells[row.name].get(key, {})])] for row in rows]  # fmt: skip
+    mode = ("--quick: scaled-down runs, the numbers show that the pipeline works, not what the models reach"
+            if args.quick else "full")  # fmt: skip
+    budget = ("--quick: digits as 64 pixels, ListOps of 256 tokens" if args.quick else
+              f"{PIXEL_STEPS} steps of batch 32 on the pixel task"
+              + (f", one epoch of {LISTOPS_TRAIN} ListOps expressions" if any(t.key == "lra_listops" for t in columns)
+                 else f", the learning ListOps recipe at up to {LISTOPS_LENGTH} tokens"))  # fmt: skip
     window = "".join(f"{task.window} on {task.key}, " for task in columns if task.window)
-    at_4x = [
-        "GPT val loss at 4x the block: the trained weights on the val split cut into blocks 4x as long. A position bias"
-        f" takes them as trained; RoPE scaling ({', '.join(sorted(SCALED_AT_INFERENCE))}) stretches the {PLAIN_ROPE}"
-        " row's weights of the same seed by 4 at inference, as its users apply it to a model trained without it; a"
-        " weight shaped by the block (a learned position table) has no rows for the longer input."
-    ]
-    at_4x = at_4x if any(key == EXTRAPOLATION for key, _, _, _ in quality) else []
-    selection = "".join(
+    selection = "".join(f" --{flag}" for flag in ("reuse", "resume") if getattr(args, flag)) + "".join(
         f" --{name} {' '.join(getattr(args, name))}" for name in ("rows", "tasks") if getattr(args, name)
     )
-    selection = "".join(f" --{flag}" for flag in ("reuse", "resume") if getattr(args, flag)) + selection
     zoology = zoology_anchor(cells, quality)
     shown = {task.key for task in columns}
     left = left_to_run(remaining_work(rows, cells, cost)) if not args.seeds else ""  # --seeds caps what --resume runs
+    seeds = (f"). {short} cell(s) have fewer seeds than needed: read them as provisional." if short
+             else "). Every cell with a number has the seeds it needs.")  # fmt: skip
     parts = [
         "# The variant study",
         f"Written by `python experiments/variant_study.py{' --quick' if args.quick else ''}{selection}` ({mode}) in "
@@ -1367,88 +1221,68 @@ def markdown(
         "How to read a cell: the median over seeds, its 95% interval in brackets (a percentile bootstrap of the "
         "median over the seeds, 2000 resamples; with 3-5 seeds it is close to their range: it is what they can "
         "say), then n=<seeds run>/<seeds needed> (5 for a job under 2 minutes, else 3; `--seeds` caps it"
-        + (f"; this run: {args.seeds}" if args.seeds else "")
-        + (
-            f"). {short} cell(s) have fewer seeds than needed: read them as provisional."
-            if short
-            else "). Every cell with a number has the seeds it needs."
-        )
-        + " Seed n is the same for every "
-        "row (data order and initial weights, where the shapes allow). A column names a winner (**bold**) only "
-        "when its interval excludes every other row's median; otherwise the best median and the rows whose "
-        "intervals overlap it are marked ≈ best (and with fewer than 3 seeds the best has no interval: every row "
-        'is ≈ best). A cell without a number names the one-line error the job got (footnotes); "not run" has no '
-        "record yet." + left,
+        + (f"; this run: {args.seeds}" if args.seeds else "") + seeds + " Seed n is the same for every row (data order "
+        "and initial weights, where the shapes allow). A column names a winner (**bold**) only when its interval "
+        "excludes every other row's median; otherwise the best median and the rows whose intervals overlap it are "
+        "marked ≈ best (and with fewer than 3 seeds the best has no interval: every row is ≈ best). A cell without a "
+        'number names the one-line error the job got (footnotes); "not run" has no record yet.' + left,
         table(["machine", ""], [[k, v] for k, v in info.items()]),
-        "## Quality and speed per attention setting\n\n"
-        + table(header, body)
-        + ("\n\n" + notes.markdown() if notes.notes else ""),
+        "## Quality and speed per attention setting\n\n" + table(header, body) + notes.markdown(),
         "Training time per step: the long-range classifier (2 layers, width 64, 4 heads), forward + backward + "
         f"AdamW, batch {speed['batch']}, {speed['threads']} threads, median of {speed['rounds']} interleaved "
         f"round(s) of {speed['steps']} steps; n=784 as the pixel task, n=2000 as LRA's ListOps, n=256 as the "
-        "learning ListOps column (padding after a "
-        "random length of n/4 to n tokens). Peak memory: the high-water mark of tensor bytes over one such step "
-        '(torch.profiler, as experiments/attention_benchmark.py measures it; "not measured": a record from '
-        "before it was)."
-        if speed["lengths"]
-        else "Training time per step: not measured in this run (--tasks without speed).",
-        *at_4x,
+        "learning ListOps column (padding after a random length of n/4 to n tokens). Peak memory: the high-water "
+        "mark of tensor bytes over one such step (torch.profiler, as experiments/attention_benchmark.py measures it; "
+        '"not measured": a record from before it was).'
+        if speed["lengths"] else "Training time per step: not measured in this run (--tasks without speed).",
+        *(["GPT val loss at 4x the block: the trained weights on the val split cut into blocks 4x as long. A position "
+           f"bias takes them as trained; RoPE scaling ({', '.join(sorted(SCALED_AT_INFERENCE))}) stretches the "
+           f"{PLAIN_ROPE} row's weights of the same seed by 4 at inference, as its users apply it to a model trained "
+           "without it; a weight shaped by the block (a learned position table) has no rows for the longer input."]
+          if any(key == EXTRAPOLATION for key, *_ in quality) else []),
         *([prior_text(prior, columns)] if prior else []),
-        *(
-            [
-                "Columns shown only when --tasks names them (their records stay in the ledger): "
-                + "; ".join(f"{key} ({why})" for key, why in OPT_IN.items() if key not in shown)
-                + "."
-            ]
-            if set(OPT_IN) - shown
-            else []
-        ),
+        *(["Columns shown only when --tasks names them (their records stay in the ledger): "
+           + "; ".join(f"{key} ({why})" for key, why in OPT_IN.items() if key not in shown) + "."]
+          if set(OPT_IN) - shown else []),
         "## Which setting wins where\n\n" + "\n".join(winners(cells, quality, speed, prior) or ["- no numbers yet"]),
         "## Published anchors: Long Range Arena (Tay et al. 2021, Table 1)\n\nAccuracy % on LRA's Image (CIFAR-10 "
         "as 1024 grey pixel tokens) and ListOps (up to 2000 tokens, 96k training expressions), with LRA's models "
         "(ListOps: 6 layers of width 512, 5000 steps of batch 32) trained on accelerators. Ours is much smaller: "
         "2 layers of width 64 on a CPU, Fashion-MNIST's 784 pixels (an easier image set than grey CIFAR-10) and "
         f"a fixed budget ({budget}). The anchors show where the published ranking lies; they are not targets.\n\n"
-        + table(["LRA model", "Image", "ListOps", "our row"], lra),
-        *(
-            [
-                "## Published anchor: Zoology (Arora et al. 2023, Figure 2)\n\nMulti-query associative recall: "
-                "attention recalls ~100% of the queries at width 64 where efficient substitutes (gated convolutions, "
-                "recurrences, linear attention) fall short, trained on GPUs for tens of epochs at batch 256, many "
-                "times this budget. Ours: Zoology's smallest setting (64 tokens, 4 pairs; a vocabulary of 128 as "
-                "its quick-start config), 2000 steps of batch 64 on a CPU. Does zoo reproduce the ordering? A row at "
-                "the plateau (~1/pairs) gives a query one of its sequence's values at random; routing, below it, "
-                "never lets a value see its key (experiments/routing_recall.py, variant_study_checks.md).\n\n"
-                + "\n".join(zoology)
-            ]
-            if zoology
-            else []
-        ),
+        + table(["LRA model", "Image", "ListOps", "our row"],
+                [[model, f"{s['Image']:.2f}", f"{s['ListOps']:.2f}", ", ".join(s["rows"])]
+                 for model, s in LRA_TABLE_1.items()]),
+        *(["## Published anchor: Zoology (Arora et al. 2023, Figure 2)\n\nMulti-query associative recall: attention "
+           "recalls ~100% of the queries at width 64 where efficient substitutes (gated convolutions, recurrences, "
+           "linear attention) fall short, trained on GPUs for tens of epochs at batch 256, many times this budget. "
+           "Ours: Zoology's smallest setting (64 tokens, 4 pairs; a vocabulary of 128 as its quick-start config), "
+           "2000 steps of batch 64 on a CPU. Does zoo reproduce the ordering? A row at the plateau (~1/pairs) gives "
+           "a query one of its sequence's values at random; routing, below it, never lets a value see its key "
+           "(experiments/routing_recall.py, variant_study_checks.md).\n\n" + "\n".join(zoology)] if zoology else []),
         "![quality vs time](variant_study.png)\n\nThe plot: quality against training time, one panel per column: "
         "each row's median and 95% interval against its training step time from the cost pass below (one pass, one "
         "host, one thread: the rows compare), or, in a panel where a row has no cost record, against the jobs' "
         "median wall seconds (those mix hosts and load).",
         "## Wall seconds per job (median over seeds)\n\n"
-        + table(["attention", *(t for k, t, _, _ in quality if k != EXTRAPOLATION)], walls),  # fmt: skip
+        + table(["attention", *(t for k, t, _, _ in quality if k != EXTRAPOLATION)], walls),
         cost_section(rows, columns, cost),
         "## Rows and how they were found\n\n"
-        + table(["row", "found in", "overrides"], origin)
+        + table(["row", "found in", "overrides"], [[row.name, row.origin, " ".join(row.overrides)] for row in rows])
         + f"\n\nLocal attention's window: {window}conf/attention/local.yaml's 256 on the others. A window that "
         "covers the whole sequence makes local attention exactly full attention."
         f" RoPE scaling {', '.join(sorted(PLAIN_WITHIN_BLOCK))} is plain RoPE within the trained block: its rows' "
         f"training cells are the {PLAIN_ROPE} row's jobs (seed for seed), after a one-batch run of their own."
         + ("\n\nLeft out: " + "; ".join(notes_rows) if notes_rows else ""),
-    ]
+    ]  # fmt: skip
     return "\n\n".join(parts) + "\n"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="scaled-down runs: minutes a row on 2 CPU cores (--rows picks a few)"
-    )
-    parser.add_argument("--reuse", action="store_true",
-                        help="write the page from the records (job folders, ledger) only: run nothing")  # fmt: skip
+    parser.add_argument("--quick", action="store_true",
+                        help="scaled-down runs: minutes a row on 2 CPU cores (--rows picks a few)")  # fmt: skip
+    parser.add_argument("--reuse", action="store_true", help="write the page from the ledger only: run nothing")
     parser.add_argument("--resume", action="store_true", help="keep the jobs that have a record, run the rest")
     parser.add_argument("--rows", nargs="+", help="only these rows (default: every row found)")
     parser.add_argument("--tasks", nargs="+", help="only these columns: vit_digits gpt_char translation_numbers "
@@ -1462,7 +1296,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="results folder (default experiments/results[/quick])")
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "outputs" / "variant_study")
     parser.add_argument("--ledger", type=Path, default=None,
-                        help=f"finished jobs, read by --reuse (default <out>/{LEDGER}; none: off)")  # fmt: skip
+                        help=f"job records for --resume and --reuse (default <out>/{LEDGER}; none: off)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     args = parser.parse_args(argv)
     args.seeds = args.seeds or (1 if args.quick else None)  # None: study_stats.seeds_required
@@ -1486,18 +1320,15 @@ def main(argv: list[str] | None = None) -> Path:
     rows, left_out = discover_rows()
     if args.quick and not args.rows:
         args.rows = list(QUICK_ROWS)  # a check that every column runs, in minutes: two rows (--rows picks others)
-    if args.rows:
-        unknown = sorted(set(args.rows) - {row.name for row in rows})
-        if unknown:
-            raise SystemExit(f"error: unknown rows {unknown}; valid choices: {', '.join(r.name for r in rows)}")
-        rows = [row for row in rows if row.name in args.rows]
+    if unknown := sorted(set(args.rows or []) - {row.name for row in rows}):
+        raise SystemExit(f"error: unknown rows {unknown}; valid choices: {', '.join(r.name for r in rows)}")
+    rows = [row for row in rows if not args.rows or row.name in args.rows]
     columns = selected_columns(args)
     print(f"rows: {', '.join(row.name for row in rows)}; columns: {', '.join(t.key for t in columns)}", flush=True)
     for line in skipped_columns(columns):
         print(line, flush=True)
     cells = run_study(args, rows, columns)
-    empty = {"batch": 0, "steps": 0, "rounds": 0, "threads": 0, "lengths": [], "rows": {}}
-    speed = speed_of(args, rows) if not args.tasks or "speed" in args.tasks else empty
+    speed = speed_of(args, rows) if not args.tasks or "speed" in args.tasks else EMPTY_SPEED
     cost = cost_of(args, rows, columns)
     prior = prior_of(args, columns)
     wall_min = (time.perf_counter() - started) / 60

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tests.helpers import compose_config, tiny_text
 from zoo.attention import VARIANTS, AttentionConfig
 from zoo.attention.full import FullAttention
 from zoo.attention.positions import ROPE_SCALINGS
+from zoo.errors import ChoiceError, check_choice
 
 
 class ModeAttention(FullAttention):
@@ -25,8 +27,7 @@ class ModeAttention(FullAttention):
 
     def __init__(self, *, mode: str = "plain") -> None:
         super().__init__()
-        if mode not in ("plain", "fancy"):
-            raise ValueError(f"unknown attention.mode {mode!r}; valid choices: ['plain', 'fancy']")
+        check_choice("attention.mode", mode, ("plain", "fancy"))
         self.mode = mode
 
 
@@ -61,8 +62,8 @@ class ScaledAttentionConfig(AttentionConfig):
 
     def _check(self) -> None:
         super()._check()
-        if self.scaling not in (None, "ntk"):
-            raise ValueError(f"unknown attention.scaling {self.scaling!r}; valid choices: ['ntk']")
+        if self.scaling is not None:
+            check_choice("attention.scaling", self.scaling, ("ntk",))
         if self.scaling and not self.rope:
             raise ValueError("attention.scaling needs attention.rope=true")
 
@@ -77,19 +78,16 @@ def test_a_shared_option_registered_later_joins_on_the_first_row_that_takes_it(m
     assert [name for name, row in rows.items() if row.attention["scaling"]] == ["rope+ntk"]  # only RoPE takes it
 
 
-def test_named_choices_reads_both_ways_zoo_lists_them() -> None:
-    def listed(value):
-        raise ValueError(f"unknown x {value!r}; valid choices: ['a', 'b', 'none']")
-
-    def joined(value):
-        raise ValueError(f"unknown y {value!r}; valid choices: c, d")
-
-    def numeric(value):
-        raise ValueError(f"z must be a positive int, got {value!r}")
-
-    assert variant_study.named_choices(listed) == ["a", "b"]
-    assert variant_study.named_choices(joined) == ["c", "d"]
-    assert variant_study.named_choices(numeric) == []
+def test_rows_come_from_the_registry_and_the_config_types_not_from_error_wording(monkeypatch) -> None:
+    """Choices are read off the ChoiceError of zoo.errors.check_choice (Kernel.option_choices,
+    AttentionConfig.setting_choices): the wording of its message is no API; a toy kernel's choices become rows."""
+    before = variant_study.discover_rows()
+    monkeypatch.setattr(ChoiceError, "__str__", lambda self: "a message in other words")
+    assert variant_study.discover_rows() == before
+    monkeypatch.setitem(VARIANTS, "moded", ModeAttention)
+    names = [row.name for row in variant_study.discover_rows()[0]]
+    assert {"moded", "moded+fancy"} <= set(names) and "moded+plain" not in names
+    assert {"linear+relu", "linear+favor", "sparse+fixed", "lsh+bucket", "full+alibi", "rope+yarn"} <= set(names)
 
 
 def quick_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
@@ -99,15 +97,16 @@ def quick_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
 
 def test_a_job_that_cannot_run_shows_its_one_line_error_and_missing_data_skips(tmp_path: Path, capsys) -> None:
     args = quick_args(tmp_path)
+    ledger = args.ledger
     row = next(row for row in variant_study.discover_rows()[0] if row.name == "full")
     bad = variant_study.Task("vit_bad", "ViT", "test/acc", True, ("model=vit", "model.net.patch_size=3"))
-    result = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "bad"), reuse=False)
+    result = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "bad"), ledger)
     assert result["status"] == "error" and "patch" in result["reason"] and "\n" not in result["reason"]
     assert f"vit_bad / full / seed 0 ... error {result['reason']} (" in capsys.readouterr().out  # the progress line
-    again = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "bad"), reuse=True, run=False)
+    again = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "bad"), ledger, "reuse")
     assert again == {**result, "reused": True}  # --reuse reads the record instead of running again
     gpt = next(task for task in variant_study.tasks(args) if task.key == "gpt_char")
-    skipped = variant_study.run_job(variant_study.Job(gpt, row, 0, tmp_path / "runs" / "gpt"), reuse=False)
+    skipped = variant_study.run_job(variant_study.Job(gpt, row, 0, tmp_path / "runs" / "gpt"))
     assert skipped["status"] == "skipped" and "input.txt not found" in skipped["reason"]
     assert not (tmp_path / "runs" / "gpt").exists()
 
@@ -116,15 +115,15 @@ def test_additive_attention_runs_only_where_the_sequences_are_short_enough(tmp_p
     rows = {row.name: row for row in variant_study.discover_rows()[0]}
     longest = variant_study.SPEED_LONGEST["additive"]
     task = variant_study.Task("long", "long", "test/acc", True, ("model=sequence_classifier",), length=longest + 1)
-    for reuse, run in ((True, False), (False, True)):  # --reuse and --resume alike: a reason, and nothing run
-        result = variant_study.run_job(variant_study.Job(task, rows["additive"], 0, tmp_path / "a"), reuse, run=run)
+    for mode in ("reuse", "resume", "run"):  # a reason, and nothing run
+        result = variant_study.run_job(variant_study.Job(task, rows["additive"], 0, tmp_path / "a"), None, mode)
         assert result == {"status": "error", "reason": f"not run beyond n={longest}: additive attention's step grows "
                           "as n^2 * d"}  # fmt: skip
         assert not (tmp_path / "a").exists()
-    full = variant_study.run_job(variant_study.Job(task, rows["full"], 0, tmp_path / "f"), True, run=False)
+    full = variant_study.run_job(variant_study.Job(task, rows["full"], 0, tmp_path / "f"), None, "reuse")
     assert full == variant_study.NOT_RUN  # other rows take the long task
     short = replace(task, length=longest)
-    at_limit = variant_study.run_job(variant_study.Job(short, rows["additive"], 0, tmp_path / "s"), True, run=False)
+    at_limit = variant_study.run_job(variant_study.Job(short, rows["additive"], 0, tmp_path / "s"), None, "reuse")
     assert at_limit == variant_study.NOT_RUN  # up to the limit additive attention runs
 
 
@@ -202,14 +201,14 @@ def test_finished_jobs_go_to_the_ledger_and_reuse_takes_them_from_it(tmp_path: P
     task = variant_study.Task("vit_digits", "ViT", "test/acc", True, ("model=vit",))
     ledger = tmp_path / "results" / variant_study.LEDGER
     job = variant_study.Job(task, row, 2, tmp_path / "runs" / "a")
-    first = variant_study.run_job(job, reuse=False, ledger=ledger, machine_name="CPU X")
+    first = variant_study.run_job(job, ledger, machine_name="CPU X")
     kept_file = ledger / "vit_digits" / "full+kv_heads-1-seed2.json"
     assert first["status"] == "ok" and first["value"] == 0.91 and first["machine"] == "CPU X"
     assert json.loads(kept_file.read_text()) == first
     elsewhere = variant_study.Job(task, row, 2, tmp_path / "other-session" / "a")  # no job folder there
-    again = variant_study.run_job(elsewhere, reuse=True, ledger=ledger)
+    again = variant_study.run_job(elsewhere, ledger, "reuse")
     assert again == {**first, "reused": True} and not elsewhere.folder.exists()
-    fresh = variant_study.run_job(elsewhere, reuse=False, ledger=ledger, machine_name="CPU Y")
+    fresh = variant_study.run_job(elsewhere, ledger, machine_name="CPU Y")
     assert fresh["value"] == 0.5 and json.loads(kept_file.read_text())["machine"] == "CPU Y"  # rerun: replaced
     cells = {"full": {"vit_digits": {"runs": [first, again]}}}
     text = variant_study.provenance(cells)
@@ -221,9 +220,9 @@ def test_finished_jobs_go_to_the_ledger_and_reuse_takes_them_from_it(tmp_path: P
     assert variant_study.provenance({"full": {"vit_digits": {"runs": [first]}}}).startswith("Every job ran")
     bad = variant_study.Task("vit_bad", "ViT", "test/acc", True, ("model=vit",))
     monkeypatch.setattr(variant_study, "run_in_process", lambda arguments, log: log.write_text("error: no") and 2)
-    error = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "b"), False, ledger)
+    error = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "runs" / "b"), ledger)
     assert error["status"] == "error" and json.loads((ledger / "vit_bad" / "full+kv_heads-1-seed0.json").read_text())
-    shown = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "c"), True, ledger, run=False)
+    shown = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "c"), ledger, "reuse")
     assert shown["reason"] == "no" and shown["reused"]  # --reuse: the reason, from the ledger
     calls = []
 
@@ -233,10 +232,10 @@ def test_finished_jobs_go_to_the_ledger_and_reuse_takes_them_from_it(tmp_path: P
         return 2
 
     monkeypatch.setattr(variant_study, "run_in_process", still_bad)
-    redone = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "c"), True, ledger)  # --resume
+    redone = variant_study.run_job(variant_study.Job(bad, row, 0, tmp_path / "c"), ledger, "resume")
     assert len(calls) == 1 and redone["reason"] == "still no"
     monkeypatch.setattr(variant_study, "run_in_process", lambda arguments, log: log.write_text("Traceback") and 1)
-    failed = variant_study.run_job(variant_study.Job(bad, row, 1, tmp_path / "runs" / "d"), False, ledger)
+    failed = variant_study.run_job(variant_study.Job(bad, row, 1, tmp_path / "runs" / "d"), ledger)
     assert failed["status"] == "failed" and not (ledger / "vit_bad" / "full+kv_heads-1-seed1.json").exists()
     assert variant_study.parse_args(["--ledger", "none"]).ledger is None
     assert variant_study.parse_args(["--out", str(tmp_path)]).ledger == tmp_path / variant_study.LEDGER
@@ -275,7 +274,7 @@ def test_the_gpt_is_evaluated_at_4x_its_block_where_its_weights_allow(tmp_path: 
     overrides = tuple(attention.split(","))
     row = variant_study.Row(overrides[0].split("=")[1] + ("_dynamic" if len(overrides) > 1 else ""), overrides, {}, "t")
     job = variant_study.Job(task, row, 0, tmp_path / "runs" / row.name)
-    assert variant_study.run_job(job, reuse=False)["status"] == "ok"
+    assert variant_study.run_job(job)["status"] == "ok"
     result = variant_study.extrapolation(job, quick=True)
     if extrapolates:
         assert result["status"] == "ok" and result["block"] == 64 and 0 < result["value"] < 10
@@ -471,7 +470,7 @@ def test_linear_and_ntk_rope_scaling_stretch_the_plain_rope_weights_at_4x(tmp_pa
     missing = variant_study.extrapolation(jobs["rope+linear"], quick=True)
     assert missing["status"] == "failed" and "rope-seed0" in missing["reason"] and "run it first" in missing["reason"]
     for name in ("rope+linear", "rope"):
-        assert variant_study.run_job(jobs[name], reuse=False)["status"] == "ok"
+        assert variant_study.run_job(jobs[name])["status"] == "ok"
     plain, stretched, dynamic = (variant_study.extrapolation(jobs[name], quick=True) for name in jobs)
     assert plain["weights"] == stretched["weights"] == dynamic["weights"] == "rope-seed0" and stretched["block"] == 64
     assert stretched["status"] == dynamic["status"] == "ok" and stretched["value"] != plain["value"] != dynamic["value"]
@@ -523,7 +522,7 @@ def test_dynamic_rope_scaling_takes_the_rope_rows_jobs_after_a_one_batch_run_of_
     assert again["rope+dynamic"]["seq"]["values"] == dynamic["values"] and not calls  # from the records
     alone = variant_study.run_study(quick_args(tmp_path, "--seeds", "1"), [rows["rope+dynamic"]], [seq])
     assert alone["rope+dynamic"]["seq"]["runs"][0]["trained_as"] == "rope-seed0"  # the rope row's job, run now
-    assert (tmp_path / "runs" / "quick" / "seq" / "rope+dynamic-seed0" / "study_result.json").is_file()
+    assert json.loads((args.ledger / "seq" / "rope+dynamic-seed0.json").read_text())["trained_as"] == "rope-seed0"
 
 
 def test_the_long_range_columns_show_the_class_prior_and_a_column_at_it_has_no_winner(tmp_path: Path) -> None:
@@ -580,15 +579,15 @@ def test_reuse_writes_the_page_from_the_ledger_alone_and_runs_nothing(tmp_path: 
     for seed, value in enumerate([0.95, 0.97, 0.96]):
         record = {"status": "ok", "value": value, "wall_s": 200.0, "seed": seed, "date": "2026-12-01 10:00",
                   "machine": "CPU X", "command": "python run.py model=vit"}  # fmt: skip
-        variant_study.record(record, [ledger / "vit_digits" / f"full-seed{seed}.json"])
+        variant_study.write_record(ledger / "vit_digits" / f"full-seed{seed}.json", record)
     speed = {"batch": 32, "steps": 3, "rounds": 3, "threads": 2, "lengths": [784],
              "rows": {"full": {"784": {"status": "ok", "value": 900.0, "peak_mib": 120.0}}}}  # fmt: skip
-    variant_study.record(speed, [ledger / "speed.json"])
-    variant_study.record({"lra_pixel": {"status": "ok", "value": 0.1, "class": "3", "test_size": 10}},
-                         [ledger / "prior.json"])  # fmt: skip
+    variant_study.write_record(ledger / "speed.json", speed)
+    variant_study.write_record(ledger / "prior.json", {"lra_pixel": {"status": "ok", "value": 0.1, "class": "3",
+                                                                     "test_size": 10}})  # fmt: skip
     probe = {"status": "ok", "step_ms": 12.0, "steps": 7, "peak_mib": 3.5, "batch_size": 64, "threads": 1,
              "date": "2026-12-01 11:00", "machine": "CPU X"}  # fmt: skip
-    variant_study.record({"vit_digits": {"full": probe}}, [ledger / variant_study.COST])
+    variant_study.write_record(ledger / variant_study.COST, {"vit_digits": {"full": probe}})
     argv = ["--reuse", "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "--rows", "full", "linear",
             "--tasks", "vit_digits", "lra_pixel", "speed", "--shared", str(tmp_path)]  # fmt: skip
     page = variant_study.main(argv).read_text()
@@ -674,3 +673,36 @@ def test_the_zoology_anchor_says_whether_full_attention_is_ahead_of_linear_atten
     assert variant_study.zoology_anchor(cells, quality) == [
         "- MQAR w64: not yet measured (full or linear has no number)"
     ]
+
+
+def test_the_committed_ledger_rebuilds_the_committed_page(tmp_path: Path) -> None:
+    """`python experiments/variant_study.py --reuse` writes experiments/results/variant_study.{md,json,png} from the
+    committed ledger alone: the committed page, but for the rebuilding machine's table and minutes; every one of the
+    603 jobs with a number is read."""
+    results = Path(variant_study.ROOT) / "experiments" / "results"
+    argv = ["--reuse", "--out", str(tmp_path), "--ledger", str(results / variant_study.LEDGER), "--runs-dir",
+            str(tmp_path / "runs")]  # fmt: skip
+    page = variant_study.main(argv).read_text()
+
+    def steady(text: str) -> list[str]:  # without what says when, where and how fast the page was written
+        text = re.sub(r"\) in [\d.]+ min\. Every number", ") in - min. Every number", text)
+        return [part for part in text.split("\n\n") if not part.startswith("| machine |")]
+
+    assert steady(page) == steady((results / "variant_study.md").read_text())
+    built, committed = (json.loads((folder / "variant_study.json").read_text()) for folder in (tmp_path, results))
+    for summary in (built, committed):  # the machine, the minutes, and the data paths of the rebuilding host
+        summary.pop("machine"), summary.pop("wall_min")
+        summary["tasks"] = [task["key"] for task in summary["tasks"]]
+    assert built == committed
+    # Every job with a number in the ledger's shown columns is on the page, but seeds beyond their cell's count (its
+    # first job took over 2 minutes: 3 seeds; some cells kept seeds 3-4 from before that rule).
+    runs = [{k: v for k, v in run.items() if k != "reused"} for row in built["cells"].values()
+            for key, cell in row.items() if key != variant_study.EXTRAPOLATION for run in cell["runs"]]  # fmt: skip
+    ok = [record for path in (results / variant_study.LEDGER).glob("*/*-seed*.json")
+          if path.parent.name in built["tasks"] and not path.name.endswith(".extrapolation.json")
+          and (record := json.loads(path.read_text()))["status"] == "ok"]  # fmt: skip
+    unread = [record for record in ok if record not in runs]
+    assert all(record["seed"] >= 3 for record in unread) and len(unread) < 10
+    shown = len(ok) - len(unread)
+    assert f"0 of the {shown} jobs with a number ran in this run; {shown} were measured earlier" in page
+    assert (tmp_path / "variant_study.png").stat().st_size > 10_000

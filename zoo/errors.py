@@ -103,10 +103,21 @@ def check_non_negative(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a number >= 0, got {value!r}")
 
 
+class ChoiceError(ValueError):
+    """A value that is not one of a setting's named choices. Code reads `.choices` (the message is for people)."""
+
+    def __init__(self, name: str, value: Any, choices: Any) -> None:
+        self.name, self.value, self.choices = name, value, tuple(sorted(choices))
+        super().__init__(f"unknown {name} {value!r}; valid choices: {', '.join(map(str, self.choices))}")
+
+    def __reduce__(self):  # pickled with its fields (a DataLoader worker re-raises it in the main process)
+        return type(self), (self.name, self.value, self.choices)
+
+
 def check_choice(name: str, value: Any, choices: Any) -> None:
-    """ValueError naming `name` and the valid choices unless value is one of them."""
+    """ChoiceError (a ValueError) naming `name` and the valid choices unless value is one of them."""
     if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(map(str, sorted(choices)))}")
+        raise ChoiceError(name, value, choices)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -282,3 +282,22 @@ def test_replace_with_another_variant_leaves_the_old_variants_options_behind() -
     sparse = local.replace(variant="sparse", stride=4)  # global tokens are sparse attention's option too
     assert sparse.kernel_options() == {"global_tokens": 2, "stride": 4} and "window" not in sparse.options
     one_line_error(lambda: local.replace(variant="full", window=16), "attention.window=16 is an option of local")
+
+
+def test_named_choices_are_read_from_the_checks_not_from_their_wording(monkeypatch) -> None:
+    """Kernel.option_choices and AttentionConfig.setting_choices take the choices check_choice was given (its
+    ChoiceError's fields): a message worded otherwise changes nothing they say."""
+    from zoo.attention.biases import POSITION_BIASES
+    from zoo.attention.feature_maps import FEATURE_MAPS
+    from zoo.attention.sparse import PATTERNS
+    from zoo.errors import ChoiceError
+
+    def expected() -> tuple[dict, dict]:
+        return AttentionConfig.setting_choices(), {name: k.option_choices() for name, k in VARIANTS.items()}
+
+    settings, options = expected()
+    assert settings["position_bias"] == tuple(sorted(POSITION_BIASES)) and "kv_heads" not in settings
+    assert options["linear"] == {"feature_map": tuple(sorted(FEATURE_MAPS))}
+    assert options["sparse"] == {"pattern": tuple(sorted(PATTERNS))} and options["full"] == {}
+    monkeypatch.setattr(ChoiceError, "__str__", lambda self: "reworded")
+    assert expected() == (settings, options)

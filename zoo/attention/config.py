@@ -27,7 +27,7 @@ from typing import Any
 from torch import nn
 
 from zoo.attention.biases import POSITION_BIASES, build_position_bias, check_bucketing
-from zoo.attention.contract import BACKENDS
+from zoo.attention.contract import BACKENDS, named_choices
 from zoo.attention.positions import ROPE_SCALINGS, check_rope_parameters
 from zoo.attention.registry import VARIANTS, build_kernel, kernel_class, option_takers
 from zoo.errors import check_choice, check_positive_int
@@ -72,6 +72,11 @@ class AttentionConfig:
     def setting_names(cls) -> tuple[str, ...]:
         """The settings of MultiHeadAttention itself (every field but `options`), as conf/attention/ writes them."""
         return tuple(f.name for f in fields(cls) if f.name != "options")
+
+    @classmethod
+    def setting_choices(cls) -> dict[str, tuple[Any, ...]]:
+        """The settings with named choices (rope_scaling, position_bias, backend), each with its choices."""
+        return named_choices(lambda name, value: cls(**{name: value}), cls.setting_names())
 
     def _check(self) -> None:
         kernel = kernel_class(self.variant)  # a one-line error for an unknown variant

@@ -58,6 +58,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from zoo.errors import ChoiceError
+
 
 @runtime_checkable
 class DecodingState(Protocol):
@@ -179,6 +181,12 @@ class Kernel(nn.Module):
         return {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
     @classmethod
+    def option_choices(cls) -> dict[str, tuple[Any, ...]]:
+        """The options with named choices (checked by zoo.errors.check_choice), each with its choices: read off the
+        ChoiceError the constructor raises for a value that is none of them."""
+        return named_choices(lambda name, value: cls(**{name: value}), cls.option_defaults())
+
+    @classmethod
     def option_names(cls) -> list[str]:
         """The options this kernel accepts (`option_defaults`' names)."""
         return list(cls.option_defaults())
@@ -213,6 +221,23 @@ class Kernel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """New queries (B, H, t, D) and keys/values (B, G, t, D), causal over the cache and themselves."""
         raise NotImplementedError
+
+
+UNNAMED = object()  # a value no option has among its choices
+
+
+def named_choices(build, names) -> dict[str, tuple[Any, ...]]:
+    """{name: choices} of the settings in `names` that have named choices: `build(name, UNNAMED)` raises the
+    ChoiceError of check_choice for them (any other error: a setting without named choices)."""
+    found = {}
+    for name in names:
+        try:
+            build(name, UNNAMED)
+        except ChoiceError as error:
+            found[name] = error.choices
+        except (ValueError, TypeError):
+            pass
+    return found
 
 
 def kernel_notices(model: nn.Module) -> list[str]:
