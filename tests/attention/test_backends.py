@@ -15,8 +15,8 @@ import torch
 from zoo.attention import AttentionConfig, MultiHeadAttention, TokenLayout
 from zoo.attention import flex as flex_module
 from zoo.attention import functional as functional_module
-from zoo.attention import local as local_module
 from zoo.attention import pattern as pattern_module
+from zoo.attention import sliding_window as window_module
 from zoo.attention.fast import bias as fast_bias
 from zoo.attention.fast import sdpa as fast_sdpa
 
@@ -102,9 +102,9 @@ def test_each_backend_runs_its_own_path(monkeypatch, eager_flex) -> None:
 
         monkeypatch.setattr(module, function, wrapper)
 
-    spy("blockwise", local_module, "_blockwise_sliding_window")
+    spy("blockwise", window_module, "_blockwise_sliding_window")
     spy("blockwise", pattern_module, "union_attention")
-    spy("sdpa", local_module, "masked_attention")
+    spy("sdpa", window_module, "masked_attention")
     spy("sdpa", pattern_module, "masked_attention")
     x = torch.randn(1, 264, 32)  # past blockwise.DENSE_MAX_LENGTH: the pattern kernels' blockwise path runs
     for variant, (options, _) in PATTERNS.items():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zoo.attention import MultiHeadAttention, sliding_window_attention
-from zoo.attention import local as local_module
+from zoo.attention import LocalAttention, MultiHeadAttention, sliding_window_attention
+from zoo.attention import sliding_window as window_module
 from zoo.attention.biases import ALiBi
 from zoo.attention.blockwise import DENSE_MAX_LENGTH
 from zoo.attention.fast import band as fast_band
@@ -48,7 +48,7 @@ def test_local_attention_matches_masked_full_attention(
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_local_module_weights_are_the_banded_probabilities() -> None:
+def test_window_module_weights_are_the_banded_probabilities() -> None:
     torch.manual_seed(0)
     module = MultiHeadAttention(16, 2, variant="local", window=3, causal=True)
     x = torch.randn(1, 10, 16)
@@ -62,9 +62,9 @@ def test_local_module_weights_are_the_banded_probabilities() -> None:
 def test_local_attention_never_materialises_n_by_n(causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     length, window = 2048, 64
     calls = []
-    blockwise = local_module._blockwise_sliding_window
+    blockwise = window_module._blockwise_sliding_window
     monkeypatch.setattr(
-        local_module, "_blockwise_sliding_window", lambda *args: calls.append(args[0].shape) or blockwise(*args)
+        window_module, "_blockwise_sliding_window", lambda *args: calls.append(args[0].shape) or blockwise(*args)
     )
     q, k, v = (torch.randn(1, 1, length, 8, requires_grad=True) for _ in range(3))
     padding = torch.zeros(1, length, dtype=torch.bool)
@@ -74,7 +74,7 @@ def test_local_attention_never_materialises_n_by_n(causal: bool, monkeypatch: py
         out.sum().backward()
     assert calls, "the blockwise kernel was not used"
     # Blocks of C queries x (C + w) keys: O(n * (C + w)) elements, far from the n^2 = 4.2M of full attention.
-    assert spy.largest <= length * (local_module.DEFAULT_BLOCK_SIZE + window + 1), spy.largest
+    assert spy.largest <= length * (window_module.DEFAULT_BLOCK_SIZE + window + 1), spy.largest
     # The spy does see an n x n score matrix when one is made.
     with LargestTensor() as spy:
         reference_softmax_attention(q, k, v)
@@ -95,9 +95,9 @@ def test_short_sequences_take_one_dense_call_and_longer_ones_the_blocks(causal: 
     """Up to DENSE_MAX_LENGTH keys the kernel runs one fused call under the band mask (a 17-token ViT ran 4x
     slower in blocks); past it the blockwise kernel. Both give the masked formula's numbers and gradients."""
     ran = []
-    blocks = local_module._blockwise_sliding_window
-    monkeypatch.setattr(local_module, "_blockwise_sliding_window", lambda *a: ran.append(a[0].shape[2]) or blocks(*a))
-    kernel = local_module.LocalAttention(window=8)
+    blocks = window_module._blockwise_sliding_window
+    monkeypatch.setattr(window_module, "_blockwise_sliding_window", lambda *a: ran.append(a[0].shape[2]) or blocks(*a))
+    kernel = LocalAttention(window=8)
     generator = torch.Generator().manual_seed(0)
     for length in (17, DENSE_MAX_LENGTH, DENSE_MAX_LENGTH + 1):
         q, k, v = (torch.randn(2, 2, length, 8, generator=generator, requires_grad=True) for _ in range(3))
@@ -181,7 +181,7 @@ def test_chunked_band_forward_and_backward_may_block_the_queries_differently(
     DEFAULT_BLOCK_SIZE (given each query's log-sum-exp; the backward's padded query slots get +inf): outputs and
     gradients still equal the formula, the lengths not multiples of either block."""
     monkeypatch.setattr(fast_band, "FORWARD_BLOCK_SIZE", 8)
-    monkeypatch.setattr(local_module, "DEFAULT_BLOCK_SIZE", 16)
+    monkeypatch.setattr(window_module, "DEFAULT_BLOCK_SIZE", 16)
     monkeypatch.setattr(fast_band, "FORWARD_CHUNK_QUERIES", 40)  # 5 forward blocks per chunk
     monkeypatch.setattr(fast_band, "CHUNK_QUERIES", 32)
     blocks = []
@@ -209,7 +209,7 @@ def test_chunked_band_holds_no_tensor_of_every_window() -> None:
     with LargestTensor() as spy:
         out, _ = sliding_window_attention(q, k, v, window, causal=True)
         out.sum().backward()
-    chunk_mask = fast_band.CHUNK_QUERIES * (local_module.DEFAULT_BLOCK_SIZE + window)
+    chunk_mask = fast_band.CHUNK_QUERIES * (window_module.DEFAULT_BLOCK_SIZE + window)
     assert spy.largest <= max(length * dim, chunk_mask), spy.largest
 
 

@@ -23,7 +23,7 @@ from zoo.attention.feature_maps import elu_feature_map, favor_feature_map, ortho
 from zoo.attention.full import FullAttention
 from zoo.attention.functional import dot_product_attention, masked_attention, repeat_kv, softmax_attention
 from zoo.attention.linear import LinearAttention, quadratic_linear_attention
-from zoo.attention.local import LocalAttention, sliding_window_attention, sliding_window_mask
+from zoo.attention.local import LocalAttention
 from zoo.attention.lsh import LSHAttention
 from zoo.attention.positions import (
     LearnedPositionalEmbedding,
@@ -33,6 +33,7 @@ from zoo.attention.positions import (
 )
 from zoo.attention.registry import VARIANTS, build_kernel
 from zoo.attention.routing import RoutingAttention
+from zoo.attention.sliding_window import sliding_window_attention, sliding_window_mask
 from zoo.attention.sparse import SparseAttention
 
 __all__ = [

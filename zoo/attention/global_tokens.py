@@ -21,8 +21,14 @@ from dataclasses import replace
 
 import torch
 
+import zoo.attention.pattern as pattern_kernels
 from zoo.attention.blockwise import Part, Rows, select
+from zoo.attention.contract import AttentionCall
+from zoo.attention.fast import band as fast_band
+from zoo.attention.fast import use_fast_kernels
+from zoo.attention.flex import resolve_backend
 from zoo.attention.pattern import PatternKernel
+from zoo.attention.sliding_window import band, band_extent
 
 RANDOM_KEYS_SEED = 0  # the seed of BigBird's random keys: block b's are randperm(range, seed * 1_000_003 + b)
 
@@ -139,15 +145,40 @@ class GlobalTokenPattern(PatternKernel):
         )
 
 
-def band_with_global_tokens(band: Callable, extent: Callable, window: int, block: int, global_tokens: int):
-    """LocalAttention's band (`band(query_positions, key_positions, window, causal)`, its key range `extent(window,
-    causal, length)`) with Longformer's global tokens, as one GlobalTokenPattern: the band as one blockwise part
-    (blocks of `block` queries, each with its window of keys) and the global rows and columns beside it."""
+class BandWithGlobalTokens(GlobalTokenPattern):
+    """LocalAttention's band with Longformer's global tokens, as a piece the kernel composes
+    (attention.global_tokens): the band as one blockwise part (blocks of `block` queries, each with its window of
+    keys) and the global rows and columns beside it. On the CPU, where the parts would run blockwise without
+    weights, padding, dropout or a position bias, the fast path (zoo/attention/fast/band.py) computes the chunked
+    band and the global rows and columns merged by log-sum-exp instead."""
 
-    def band_parts(length: int, causal: bool) -> list[Part]:
-        rows = Rows(0, length, min(block, length))
-        gather, key_positions = rows.windows(*extent(window, causal, length))
-        allowed = band(rows.positions()[:, :, None], key_positions[:, None, :], window, causal)
-        return [Part(rows, gather, key_positions, allowed)]
+    def __init__(self, window: int, block: int, chunk_size: int | None, global_tokens: int) -> None:
+        def band_parts(length: int, causal: bool) -> list[Part]:
+            rows = Rows(0, length, min(block, length))
+            gather, key_positions = rows.windows(*band_extent(window, causal, length))
+            allowed = band(rows.positions()[:, :, None], key_positions[:, None, :], window, causal)
+            return [Part(rows, gather, key_positions, allowed)]
 
-    return GlobalTokenPattern("local", functools.partial(band, window=window), band_parts, global_tokens)
+        super().__init__("local", functools.partial(band, window=window), band_parts, global_tokens)
+        self.window, self.block, self.chunk_size = window, block, chunk_size
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall):
+        if use_fast_kernels() and self._fast_path_applies(q, k, call):
+            extent = band_extent(self.window, call.causal, q.shape[2])
+            out = fast_band.chunked_band_with_global_tokens(
+                q, k, v, band, self.window, call.causal, extent, self.block, self.chunk_size, self.global_tokens
+            )
+            return out, None
+        return super().forward(q, k, v, call)
+
+    def _fast_path_applies(self, q: torch.Tensor, k: torch.Tensor, call: AttentionCall) -> bool:
+        """Where the parts would run blockwise (self-attention, longer than the pattern kernels' dense threshold)
+        without weights, key padding, dropout or a position bias."""
+        backend = resolve_backend(self.name, self.backend, q, k, call.dropout_p, call.bias, call.need_weights)
+        return (
+            backend == "blockwise"
+            and not call.need_weights
+            and call.bias is None
+            and q.shape[2] > pattern_kernels.DENSE_MAX_LENGTH  # read when called: tests lower it
+            and fast_band.applies(q, call.key_padding_mask, call.dropout_p, call.bias)
+        )

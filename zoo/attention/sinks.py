@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from zoo.attention.cache import _concat_padding
+from zoo.attention.cache import _concat_padding, new_tokens_padding
+from zoo.attention.contract import AttentionCall, Kernel
 from zoo.attention.functional import masked_attention
 
 # Queries per block in the forward: keys per block are sinks + window + block.
@@ -125,3 +126,31 @@ class SinkKVCache:
             self.values = self.values.index_select(0, indices)
         if self.padding is not None:
             self.padding = self.padding.index_select(0, indices)
+
+
+class WindowWithSinks(Kernel):
+    """LocalAttention's causal window with `sinks` attention sinks, as a piece the kernel composes
+    (attention.sink_tokens): the forward above, and decoding with a SinkKVCache."""
+
+    name = "local"  # in its errors, the user's variant
+
+    def __init__(self, window: int, sinks: int) -> None:
+        super().__init__()
+        self.window, self.sinks = window, sinks
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall):
+        check_sinks_apply(self.sinks, call.causal, call.bias)
+        return sliding_window_attention_with_sinks(
+            q, k, v, self.window, self.sinks, key_padding_mask=call.key_padding_mask, dropout_p=call.dropout_p,
+            need_weights=call.need_weights,
+        )  # fmt: skip
+
+    def new_cache(self) -> SinkKVCache:
+        return SinkKVCache(self.window, self.sinks)
+
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: SinkKVCache, call: AttentionCall):
+        check_sinks_apply(self.sinks, True, call.bias)
+        keys, values, positions, padding = cache.extend(k, v, new_tokens_padding(call.key_padding_mask, k.shape[2]))
+        return sliding_window_attention_with_sinks(
+            q, keys, values, self.window, self.sinks, positions, padding, need_weights=call.need_weights
+        )

@@ -1,6 +1,6 @@
 """Sliding-window attention on the CPU's fused flash kernel, a chunk of query blocks per call (`_ChunkedBand`).
 
-The fast path of zoo/attention/local.py (same function as its blockwise reference, checked in
+The fast path of zoo/attention/sliding_window.py (same function as its blockwise reference, checked in
 tests/attention/test_local_attention.py under both settings of the switch): the forward runs the fused kernel
 a chunk of blocks at a time and keeps each query's log-sum-exp, the backward rebuilds each chunk's key windows
 and folds their gradients back, so forward+backward memory is O(n) with a constant close to SDPA's instead of
@@ -33,7 +33,7 @@ CHUNK_QUERIES = 64
 # The forward holds no gradients: bigger chunks, fewer calls.
 FORWARD_CHUNK_QUERIES = 2048
 
-# band(query_positions, key_positions, window, causal) -> bool: the sliding window (zoo/attention/local.py).
+# band(query_positions, key_positions, window, causal) -> bool: the sliding window (zoo/attention/sliding_window.py).
 Band = Callable[[torch.Tensor, torch.Tensor, int, bool], torch.Tensor]
 
 
