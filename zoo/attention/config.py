@@ -27,10 +27,18 @@ from typing import Any
 from torch import nn
 
 from zoo.attention.biases import POSITION_BIASES, build_position_bias, check_bucketing
-from zoo.attention.contract import BACKENDS, named_choices
+from zoo.attention.contract import BACKENDS, Placement, named_choices
 from zoo.attention.positions import ROPE_SCALINGS, check_rope_parameters
-from zoo.attention.registry import VARIANTS, build_kernel, kernel_class, option_takers
-from zoo.errors import check_choice, check_positive_int
+from zoo.attention.registry import (
+    VARIANTS,
+    build_kernel,
+    causal_variants,
+    cross_attention_variants,
+    kernel_class,
+    option_takers,
+    packing_variants,
+)
+from zoo.errors import PlacementError, check_choice, check_positive_int
 
 
 @dataclass(init=False)
@@ -131,6 +139,40 @@ class AttentionConfig:
                     f"attention.variant={self.variant}; its options: {own}"
                 )
         self.build_kernel()  # checks the option values and the backend
+
+    def validate(self, placement: Placement) -> None:
+        """Refuse, in one line, what this attention cannot do where it sits: the one place for such refusals
+        (the settings alone are checked as the config is made). A PlacementError says what the option needs
+        ("bidirectional", "sequence"), so that the command line can name where it fits instead."""
+        kernel = kernel_class(self.variant)
+        if placement.causal and not kernel.supports_causal:
+            raise PlacementError(
+                f"attention variant {self.variant!r} is bidirectional only, and this self-attention is causal; "
+                f"valid choices: {causal_variants()}",
+                "variant", self.variant, needs="bidirectional",
+            )  # fmt: skip
+        if placement.cross and not kernel.supports_cross_attention:
+            raise ValueError(
+                f"cross-attention is not supported by variant {self.variant!r}; valid choices: "
+                f"{cross_attention_variants()}"
+            )
+        if placement.cross and (self.rope or self.position_bias is not None):
+            bias = f"attention.position_bias={self.position_bias}"
+            setting = "attention.rope=true (attention=rope)" if self.rope else bias
+            raise ValueError(f"{setting} would be ignored: a cross-attention has no positions across its two sequences")
+        if placement.grid and self.position_bias is not None:
+            raise PlacementError(
+                f"attention.position_bias={self.position_bias!r} biases distances along a token sequence; "
+                "a patch grid (ViT) takes attention.rope=true for its 2-D positions",
+                "position_bias", self.position_bias, needs="sequence",
+            )  # fmt: skip
+        if placement.packed:
+            if not kernel.supports_packing:
+                raise ValueError(
+                    f"packed documents are not supported by attention variant {self.variant!r}; valid choices: "
+                    f"{packing_variants()}"
+                )
+            self.build_kernel().check_packing()  # what the kernel's options rule out
 
     @property
     def relative_positions(self) -> bool:

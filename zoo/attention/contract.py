@@ -100,6 +100,24 @@ class AttentionCall:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where an attention sits in a model: what `AttentionConfig.validate`, the one place that refuses a
+    combination the definitions rule out, decides by.
+
+    Args:
+        causal: a decoder's self-attention (each token sees the ones up to itself).
+        cross: queries of one sequence over the keys and values of another (an encoder's output).
+        grid: its tokens are image patches on a grid (TokenLayout.grid), not a sequence.
+        packed: several documents packed per row, each attended alone (zoo/attention/documents.py).
+    """
+
+    causal: bool = False
+    cross: bool = False
+    grid: bool = False
+    packed: bool = False
+
+
+@dataclass(frozen=True)
 class TokenLayout:
     """What a model tells its attention about the token sequences it attends over."""
 

@@ -11,6 +11,7 @@ sequence, patch grid); a bias shared across layers is passed in by the stack tha
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -19,11 +20,9 @@ from torch import nn
 
 from zoo.attention.cache import StaticKVCache
 from zoo.attention.config import AttentionConfig
-from zoo.attention.contract import AttentionCall, HeadLayout, Kernel, TokenLayout
+from zoo.attention.contract import AttentionCall, HeadLayout, Kernel, Placement, TokenLayout
 from zoo.attention.documents import PackedDocuments
 from zoo.attention.positions import RotaryEmbedding, grid_positions
-from zoo.attention.registry import causal_variants, cross_attention_variants, packing_variants
-from zoo.errors import PlacementError
 
 
 class MultiHeadAttention(nn.Module):
@@ -44,7 +43,9 @@ class MultiHeadAttention(nn.Module):
     module shared with other layers (T5's one bias per stack); None builds this layer's own from the config.
     `qkv_bias` sets the bias of `in_proj` apart from `out_proj`'s (`bias`): Qwen2 has biases on q, k, v only.
     `qk_norm` normalises queries and keys per head with an RMSNorm before RoPE (OLMo 2, Qwen3), which keeps
-    the attention logits bounded; `norm_eps` is its epsilon.
+    the attention logits bounded; `norm_eps` is its epsilon. `cross_attention`: this attention is called with a
+    context (an encoder's output) as keys and values. What the config cannot do in this placement (causal,
+    cross-attention, a patch grid, packed documents) is refused by AttentionConfig.validate, in one line.
     """
 
     def __init__(
@@ -60,6 +61,7 @@ class MultiHeadAttention(nn.Module):
         qkv_bias: bool | None = None,
         qk_norm: bool = False,
         norm_eps: float = 1e-6,
+        cross_attention: bool = False,
         **settings: Any,
     ) -> None:
         super().__init__()
@@ -90,13 +92,9 @@ class MultiHeadAttention(nn.Module):
         self.causal = causal
         self.dropout = config.dropout
         self.layout = layout or TokenLayout()
+        self.placement = Placement(causal, cross_attention, grid=self.layout.grid is not None)
+        config.validate(self.placement)
         self.kernel: Kernel = config.build_kernel()
-        if causal and not self.kernel.supports_causal:
-            raise PlacementError(
-                f"attention variant {self.variant!r} is bidirectional only, and this self-attention is causal; "
-                f"valid choices: {causal_variants()}",
-                "variant", self.variant, needs="bidirectional",
-            )  # fmt: skip
         self.kernel.setup(self.layout)
         self.kernel.setup_heads(HeadLayout(num_heads, kv_heads, self.head_dim))
         grid = self.layout.grid if config.rope else None
@@ -110,12 +108,6 @@ class MultiHeadAttention(nn.Module):
             self.register_buffer("positions", grid_positions(grid, self.layout.prefix_tokens), persistent=False)
         else:
             self.positions = None
-        if config.position_bias is not None and self.layout.grid is not None:
-            raise PlacementError(
-                f"attention.position_bias={config.position_bias!r} biases distances along a token sequence; "
-                "a patch grid (ViT) takes attention.rope=true for its 2-D positions",
-                "position_bias", config.position_bias, needs="sequence",
-            )  # fmt: skip
         if shared_bias is not None and config.position_bias is None:
             raise ValueError("a shared position bias was given, but attention.position_bias is null")
         # A shared module is registered in every layer that uses it, like tied weights.
@@ -188,11 +180,8 @@ class MultiHeadAttention(nn.Module):
             else:
                 out, weights = self.kernel(q, k, v, call)
         else:
-            if not self.kernel.supports_cross_attention:
-                raise ValueError(
-                    f"cross-attention is not supported by variant {self.variant!r}; valid choices: "
-                    f"{cross_attention_variants()}"
-                )
+            if not self.placement.cross:  # built as a self-attention, called with a context
+                self.config.validate(replace(self.placement, cross=True, causal=False))
             sizes = [self.dim, 2 * self.kv_heads * self.head_dim]
             w_q, w_kv = self.in_proj.weight.split(sizes)
             b_q, b_kv = self.in_proj.bias.split(sizes) if self.in_proj.bias is not None else (None, None)
@@ -216,12 +205,7 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor:
         """Self-attention within each packed document: the documents as a batch (N, heads, L, head_dim), their
         padding as key padding, default positions 0..L-1 (RoPE and the position bias restart per document)."""
-        if not self.kernel.supports_packing:
-            raise ValueError(
-                f"packed documents are not supported by attention variant {self.variant!r}; valid choices: "
-                f"{packing_variants()}"
-            )
-        self.kernel.check_packing()
+        self.config.validate(replace(self.placement, packed=True))
         if cache is not None or need_weights or positions is not None or self.positions is not None:
             raise ValueError("packed documents take no cache, need_weights, explicit positions or patch grid")
         q, k, v = self._heads_qkv(x)

@@ -28,22 +28,12 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from zoo.attention import AttentionConfig, MultiHeadAttention
+from zoo.attention import AttentionConfig, MultiHeadAttention, Placement
 from zoo.hardware import native_bf16
 from zoo.nn import ModelConfig
 
 CELLS = ("gru", "lstm")
 ATTENTIONS = ("full", "additive")  # and None: the fixed-vector baseline
-
-
-def cross_attention_ignores(attention: AttentionConfig) -> str:
-    """The first setting that a cross-attention has no use for (positions across two sequences mean nothing), as
-    the override that sets it; "" when there is none."""
-    if attention.rope:
-        return "attention.rope=true (attention=rope)"
-    if attention.position_bias is not None:
-        return f"attention.position_bias={attention.position_bias}"
-    return ""
 
 
 @dataclass
@@ -91,12 +81,14 @@ class RNNTranslationConfig(ModelConfig):
                 f"the RNN decoder's attention={self.attention.variant!r} is not one of its choices: none "
                 f"(model.net.attention=null, the fixed vector), {', '.join(ATTENTIONS)}"
             )
-        if self.attention is not None and (ignored := cross_attention_ignores(self.attention)):
-            raise ValueError(
-                f"{ignored} would be ignored: the RNN decoder's attention is cross-attention over the encoder states, "
-                "without positions or a position bias; it takes attention=full | additive (with their options, "
-                "dropout, backend) or model.net.attention=null"
-            )
+        if self.attention is not None:
+            try:
+                self.attention.validate(Placement(cross=True))  # over the encoder states
+            except ValueError as error:
+                raise ValueError(
+                    f"{error}; the RNN decoder's attention is cross-attention over the encoder states: it takes "
+                    "attention=full | additive (with their options, dropout, backend) or model.net.attention=null"
+                ) from None
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"rnn_translation dropout must be in [0, 1), got {self.dropout!r}")
 
@@ -157,7 +149,7 @@ class RNNTranslation(nn.Module):
             self.memory_proj, self.attention = None, None
         else:  # encoder states (2 * hidden) into the attention's width: its keys and values
             self.memory_proj = nn.Linear(2 * c.hidden, c.hidden)
-            self.attention = MultiHeadAttention(c.hidden, 1, c.attention)
+            self.attention = MultiHeadAttention(c.hidden, 1, c.attention, cross_attention=True)
         self.combine = nn.Linear(2 * c.hidden, c.hidden)
         self.output = nn.Linear(c.hidden, c.vocab_size)
 

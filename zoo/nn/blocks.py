@@ -181,8 +181,9 @@ class TransformerBlock(nn.Module):
                 variant=cross_attention_variant, dropout=attention.dropout, kv_heads=attention.kv_heads
             )
             self.cross_attn = MultiHeadAttention(
-                dim, num_heads, cross, bias=bias, qkv_bias=qkv_bias, qk_norm=qk_norm, norm_eps=norm_eps
-            )
+                dim, num_heads, cross, bias=bias, qkv_bias=qkv_bias, qk_norm=qk_norm, norm_eps=norm_eps,
+                cross_attention=True,
+            )  # fmt: skip
             self.norm_cross = build_norm(norm, dim, norm_eps, bias)
             self.dropout_cross = Dropout(dropout)
         self.mlp = build_mlp(mlp, dim, mlp_dim, activation, dropout, bias)
