@@ -289,6 +289,8 @@ def clustered_attention(
     chunks = chunk_layout(
         q, k, v, clusters, num_clusters, chunk, causal=causal, key_padding_mask=key_padding_mask, no_self=no_self
     )
+    if use_fast_kernels() and fast_clustered.applies_step((q, k, v), dropout_p, no_self, bias, need_lse):
+        return fast_clustered.chunk_step(q, k, v, chunks, causal, key_padding_mask is not None), None
     if use_fast_kernels() and fast_clustered.applies_causal((q, k, v), dropout_p, causal, no_self, bias):
         out, lse = fast_clustered.causal_chunks(
             chunks.queries, chunks.keys, chunks.values, chunks.key_mask.flatten(0, 1)

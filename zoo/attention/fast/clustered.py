@@ -59,6 +59,124 @@ def causal_chunks(
     return out, lse
 
 
+def applies_step(inputs: tuple[torch.Tensor, ...], dropout_p: float, no_self: bool, bias, need_lse: bool) -> bool:
+    """Routing's training step (`chunk_step`): a gradient asked of q, k or v, no self rule, no position bias, no
+    log-sum-exp asked for (the Function returns none), float32 (or float64, which the tests use), and the fused
+    kernel's own conditions."""
+    wants_grad = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)
+    return (
+        wants_grad
+        and not no_self
+        and bias is None
+        and not need_lse
+        and dropout_p == 0.0
+        and inputs[0].dtype in (torch.float32, torch.float64)
+        and inputs[0].device.type == "cpu"
+        and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+    )
+
+
+def chunk_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunks, causal: bool, padded: bool) -> torch.Tensor:
+    """q, k, v (B, H, n, D) and their `clustered.Chunks` -> the clustered attention output (B, H, n, D), whose
+    backward is the fused kernel's (`_ChunkStep`). `padded`: some keys are padding (the parts need key masks)."""
+    return _ChunkStep.apply(q, k, v, _StepLayout(chunks, causal, padded))
+
+
+class _StepLayout:
+    """The indices `_ChunkStep` lays tokens out by, from a `clustered.Chunks` (N = B * H rows, M chunks of C)."""
+
+    def __init__(self, chunks, causal: bool, padded: bool) -> None:
+        batch, heads, length, _ = chunks.shape
+        rows, blocks, chunk = chunks.has_key.shape
+        self.shape, self.causal, self.blocks, self.chunk = chunks.shape, causal, rows * blocks, chunk
+        # Each slot's row of the (N * n + 1) token vectors; an empty slot reads the last, a zero row: its query
+        # and gradient rows are zero, so it adds nothing to any key's gradient.
+        offsets = length * torch.arange(rows, device=chunks.slots.device)[:, None]
+        self.source = torch.where(chunks.token_at >= 0, chunks.token_at + offsets, rows * length).flatten()
+        self.target = (chunks.slots + blocks * chunk * torch.arange(rows, device=chunks.slots.device)[:, None]).flatten()
+        key_mask = chunks.key_mask.flatten(0, 1)  # (N * M, 2C): previous chunk's keys, own chunk's keys
+        # The previous chunk is attended only by the chunks that have one of their cluster with a usable key (a
+        # cluster's first chunk has none): the kernel's second call covers those chunks only.
+        self.with_previous = key_mask[:, :chunk].isfinite().any(dim=-1).nonzero().squeeze(1)
+        # Without padding no mask is needed: the previous chunk of a cluster is full, and a causal query sees its
+        # own chunk's slots up to itself, all real (a chunk's real slots come first). Otherwise per-key masks.
+        mask_own = padded or not causal
+        self.own_mask = key_mask[:, None, None, chunk:] if mask_own else None  # (N * M, 1, 1, C)
+        self.previous_mask = key_mask[self.with_previous, None, None, :chunk] if padded else None
+
+    def lay_out(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, n, D) -> (N * M, 1, C, D) by slot, zeros at the empty slots."""
+        rows = x.reshape(-1, x.shape[-1])
+        rows = torch.cat([rows, rows.new_zeros(1, rows.shape[-1])])
+        return rows.index_select(0, self.source).view(self.blocks, 1, self.chunk, -1)
+
+    def to_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """(N * M, 1, C, D) by slot -> (B, H, n, D)."""
+        return x.reshape(-1, x.shape[-1]).index_select(0, self.target).view(self.shape)
+
+
+class _ChunkStep(torch.autograd.Function):
+    """Clustered attention over the own chunk (causal or whole) and the previous chunk of each chunk, as two fused
+    kernel calls merged by log-sum-exp; backward through the kernel's own backward given the merged output and
+    log-sum-exp (each part's gradients are then those of the joint softmax), the previous chunk's added back to
+    the chunk before. The reference path (clustered.chunk_attention under autograd) spends its backward on the
+    (chunks, C, 2C) scores, mask, softmax and the strided windows' unfold backward; the slots are a permutation of
+    the tokens, so the layout's gradient here is a gather, not a scatter-add."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, layout: _StepLayout):
+        queries, keys, values = (layout.lay_out(x) for x in (q, k, v))
+        out, lse = _fused(queries, keys, values, layout.own_mask, layout.causal)
+        if layout.own_mask is not None:  # the kernel gives a row that sees no key log-sum-exp 0: count it absent
+            no_key = _no_own_key(layout.own_mask[:, 0, 0])[:, None] if layout.causal else _no_key(layout.own_mask)
+            lse.masked_fill_(no_key, float("-inf"))
+        previous = layout.with_previous
+        if previous.numel():
+            part_out, part_lse = _fused(
+                queries[previous], keys[previous - 1], values[previous - 1], layout.previous_mask, False
+            )
+            chunk_out, chunk_lse = out[previous], lse[previous]
+            merge_into(chunk_out, chunk_lse, part_out, part_lse)
+            out[previous], lse[previous] = chunk_out, chunk_lse
+        ctx.layout = layout
+        ctx.save_for_backward(queries, keys, values, out, lse)
+        return layout.to_tokens(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        queries, keys, values, out, lse = ctx.saved_tensors
+        layout = ctx.layout
+        grad_out = layout.lay_out(grad)
+        lse = lse.masked_fill(lse.isinf(), 0.0)  # a row with no key: its probabilities are 0 at any finite lse
+        backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        grad_q, grad_k, grad_v = backward(
+            grad_out, queries, keys, values, out, lse, 0.0, layout.causal, attn_mask=layout.own_mask
+        )
+        previous = layout.with_previous
+        if previous.numel():
+            before = previous - 1
+            part = backward(
+                grad_out[previous], queries[previous], keys[before], values[before], out[previous], lse[previous],
+                0.0, False, attn_mask=layout.previous_mask,
+            )  # fmt: skip
+            grad_q.index_add_(0, previous, part[0])
+            grad_k.index_add_(0, before, part[1])
+            grad_v.index_add_(0, before, part[2])
+        return layout.to_tokens(grad_q), layout.to_tokens(grad_k), layout.to_tokens(grad_v), None
+
+
+def _fused(queries, keys, values, mask, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One fused kernel call on (N, 1, C, D) chunks: out (N, 1, C, D), log-sum-exp (N, 1, C)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        queries, keys, values, is_causal=causal, attn_mask=mask
+    )
+
+
+def _no_key(mask: torch.Tensor) -> torch.Tensor:
+    """(N, 1, 1, C) additive per-key mask -> (N, 1, 1): every key hidden."""
+    return mask[:, 0].isinf().all(-1, keepdim=True)
+
+
 def _no_own_key(own_mask: torch.Tensor) -> torch.Tensor:
     """(N, C) additive mask of a chunk's own keys -> (N, C): query r sees none of keys 0 ... r."""
     return own_mask.isfinite().cumsum(-1) == 0
