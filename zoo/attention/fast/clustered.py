@@ -89,11 +89,10 @@ class _StepLayout:
         batch, heads, length, _ = chunks.shape
         rows, blocks, chunk = chunks.has_key.shape
         self.shape, self.causal, self.blocks, self.chunk = chunks.shape, causal, rows * blocks, chunk
-        # Each slot's row of the (N * n + 1) token vectors; an empty slot reads the last, a zero row: its query
-        # and gradient rows are zero, so it adds nothing to any key's gradient.
-        offsets = length * torch.arange(rows, device=chunks.slots.device)[:, None]
-        self.source = torch.where(chunks.token_at >= 0, chunks.token_at + offsets, rows * length).flatten()
-        self.target = (chunks.slots + blocks * chunk * torch.arange(rows, device=chunks.slots.device)[:, None]).flatten()
+        self.source = chunks.flat  # each slot's token row; an empty slot's row is zeroed after the gather, so that
+        self.empty = (chunks.token_at < 0).flatten().nonzero().squeeze(1)  # its query and gradient add to no key
+        offsets = blocks * chunk * torch.arange(rows, device=chunks.slots.device)[:, None]
+        self.target = (chunks.slots + offsets).flatten()
         key_mask = chunks.key_mask.flatten(0, 1)  # (N * M, 2C): previous chunk's keys, own chunk's keys
         # The previous chunk is attended only by the chunks that have one of their cluster with a usable key (a
         # cluster's first chunk has none): the kernel's second call covers those chunks only.
@@ -106,9 +105,8 @@ class _StepLayout:
 
     def lay_out(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, n, D) -> (N * M, 1, C, D) by slot, zeros at the empty slots."""
-        rows = x.reshape(-1, x.shape[-1])
-        rows = torch.cat([rows, rows.new_zeros(1, rows.shape[-1])])
-        return rows.index_select(0, self.source).view(self.blocks, 1, self.chunk, -1)
+        laid_out = x.reshape(-1, x.shape[-1]).index_select(0, self.source).index_fill_(0, self.empty, 0.0)
+        return laid_out.view(self.blocks, 1, self.chunk, -1)
 
     def to_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """(N * M, 1, C, D) by slot -> (B, H, n, D)."""
@@ -131,38 +129,42 @@ class _ChunkStep(torch.autograd.Function):
             no_key = _no_own_key(layout.own_mask[:, 0, 0])[:, None] if layout.causal else _no_key(layout.own_mask)
             lse.masked_fill_(no_key, float("-inf"))
         previous = layout.with_previous
-        if previous.numel():
-            part_out, part_lse = _fused(
-                queries[previous], keys[previous - 1], values[previous - 1], layout.previous_mask, False
-            )
+        parts = ()
+        if previous.numel():  # the chunks that have a previous chunk, and its keys and values (copies)
+            parts = (queries[previous], keys[previous - 1], values[previous - 1])
+            part_out, part_lse = _fused(*parts, layout.previous_mask, False)
             chunk_out, chunk_lse = out[previous], lse[previous]
             merge_into(chunk_out, chunk_lse, part_out, part_lse)
             out[previous], lse[previous] = chunk_out, chunk_lse
+            parts = (*parts, chunk_out, chunk_lse)
         ctx.layout = layout
-        ctx.save_for_backward(queries, keys, values, out, lse)
+        ctx.save_for_backward(queries, keys, values, out, lse, *parts)
         return layout.to_tokens(out)
 
     @staticmethod
     def backward(ctx, grad):
-        queries, keys, values, out, lse = ctx.saved_tensors
+        queries, keys, values, out, lse, *parts = ctx.saved_tensors
         layout = ctx.layout
         grad_out = layout.lay_out(grad)
-        lse = lse.masked_fill(lse.isinf(), 0.0)  # a row with no key: its probabilities are 0 at any finite lse
         backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         grad_q, grad_k, grad_v = backward(
-            grad_out, queries, keys, values, out, lse, 0.0, layout.causal, attn_mask=layout.own_mask
+            grad_out, queries, keys, values, out, _finite(lse), 0.0, layout.causal, attn_mask=layout.own_mask
         )
         previous = layout.with_previous
-        if previous.numel():
-            before = previous - 1
+        if parts:
+            *inputs, part_out, part_lse = parts
             part = backward(
-                grad_out[previous], queries[previous], keys[before], values[before], out[previous], lse[previous],
-                0.0, False, attn_mask=layout.previous_mask,
-            )  # fmt: skip
+                grad_out[previous], *inputs, part_out, _finite(part_lse), 0.0, False, attn_mask=layout.previous_mask
+            )
             grad_q.index_add_(0, previous, part[0])
-            grad_k.index_add_(0, before, part[1])
-            grad_v.index_add_(0, before, part[2])
+            grad_k.index_add_(0, previous - 1, part[1])
+            grad_v.index_add_(0, previous - 1, part[2])
         return layout.to_tokens(grad_q), layout.to_tokens(grad_k), layout.to_tokens(grad_v), None
+
+
+def _finite(lse: torch.Tensor) -> torch.Tensor:
+    """A row with no key (-inf) at log-sum-exp 0: its probabilities are exp(-inf - 0) = 0 all the same."""
+    return lse.masked_fill(lse.isinf(), 0.0)
 
 
 def _fused(queries, keys, values, mask, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
