@@ -82,84 +82,125 @@ def chunk_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunks, causal
     return _ChunkStep.apply(q, k, v, _StepLayout(chunks, causal, padded))
 
 
+# The chunks go to the kernel in classes by how many real slots they hold, each class cut to its longest: a
+# cluster's last chunk is mostly short (clusters hold about a chunk's worth of tokens), and its empty slots would
+# cost the kernel as much as real ones. Cut at quarters of the chunk.
+LENGTH_CLASSES = 4
+
+
+class _Class:
+    """The chunks of one length class: their first `length` slots as (chunks, 1, length) rows of the token vectors,
+    and for those that have a previous chunk, its whole (C) slots."""
+
+    def __init__(self, members, length, token_rows, key_mask, has_previous, causal: bool, padded: bool) -> None:
+        chunk = token_rows.shape[1]
+        self.length, self.chunk = length, chunk
+        self.rows = token_rows[members, :length].flatten()  # (chunks * length,)
+        self.with_previous = has_previous[members].nonzero().squeeze(1)  # positions within the class
+        before = members[self.with_previous] - 1
+        self.previous_rows = token_rows[before].flatten()  # (P * C,): a previous chunk is full, every slot real
+        # Without padding no mask is needed: a causal query sees its own chunk's slots up to itself, all real (a
+        # chunk's real slots come first), and the previous chunk of a cluster is full. Otherwise per-key masks.
+        own_mask = key_mask[members, chunk : chunk + length]
+        self.own_mask = own_mask[:, None, None] if padded or not causal else None  # (chunks, 1, 1, length)
+        self.previous_mask = key_mask[members[self.with_previous], None, None, :chunk] if padded else None
+
+
 class _StepLayout:
-    """The indices `_ChunkStep` lays tokens out by, from a `clustered.Chunks` (N = B * H rows, M chunks of C)."""
+    """The indices `_ChunkStep` lays tokens out by, from a `clustered.Chunks` (N = B * H rows, M chunks of C): the
+    chunks in length classes, each slot's row of the (N * n + 1) token vectors (the last, a zero row, for an empty
+    slot: its query and gradient rows are zero, so it adds nothing to any key's gradient)."""
 
     def __init__(self, chunks, causal: bool, padded: bool) -> None:
         batch, heads, length, _ = chunks.shape
         rows, blocks, chunk = chunks.has_key.shape
-        self.shape, self.causal, self.blocks, self.chunk = chunks.shape, causal, rows * blocks, chunk
-        self.source = chunks.flat  # each slot's token row; an empty slot's row is zeroed after the gather, so that
-        self.empty = (chunks.token_at < 0).flatten().nonzero().squeeze(1)  # its query and gradient add to no key
-        offsets = blocks * chunk * torch.arange(rows, device=chunks.slots.device)[:, None]
-        self.target = (chunks.slots + offsets).flatten()
+        self.shape, self.causal, self.tokens = chunks.shape, causal, rows * length
+        offsets = length * torch.arange(rows, device=chunks.slots.device)[:, None]
+        token_rows = torch.where(chunks.token_at >= 0, chunks.token_at + offsets, self.tokens).view(-1, chunk)
+        real = (chunks.token_at >= 0).view(-1, chunk).sum(dim=-1)  # (N * M,): every chunk holds one at least
         key_mask = chunks.key_mask.flatten(0, 1)  # (N * M, 2C): previous chunk's keys, own chunk's keys
         # The previous chunk is attended only by the chunks that have one of their cluster with a usable key (a
         # cluster's first chunk has none): the kernel's second call covers those chunks only.
-        self.with_previous = key_mask[:, :chunk].isfinite().any(dim=-1).nonzero().squeeze(1)
-        # Without padding no mask is needed: the previous chunk of a cluster is full, and a causal query sees its
-        # own chunk's slots up to itself, all real (a chunk's real slots come first). Otherwise per-key masks.
-        mask_own = padded or not causal
-        self.own_mask = key_mask[:, None, None, chunk:] if mask_own else None  # (N * M, 1, 1, C)
-        self.previous_mask = key_mask[self.with_previous, None, None, :chunk] if padded else None
+        has_previous = key_mask[:, :chunk].isfinite().any(dim=-1)
+        self.classes, shorter = [], 0
+        for quarter in range(1, LENGTH_CLASSES + 1):
+            longest = -(-quarter * chunk // LENGTH_CLASSES)
+            members = ((real > shorter) & (real <= longest)).nonzero().squeeze(1)
+            if members.numel():
+                self.classes.append(_Class(members, longest, token_rows, key_mask, has_previous, causal, padded))
+            shorter = longest
 
-    def lay_out(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, n, D) -> (N * M, 1, C, D) by slot, zeros at the empty slots."""
-        laid_out = x.reshape(-1, x.shape[-1]).index_select(0, self.source).index_fill_(0, self.empty, 0.0)
-        return laid_out.view(self.blocks, 1, self.chunk, -1)
+    def padded(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, n, D) -> (N * n + 1, D): the token vectors and a zero row."""
+        return torch.nn.functional.pad(x.reshape(self.tokens, x.shape[-1]), (0, 0, 0, 1))
 
-    def to_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """(N * M, 1, C, D) by slot -> (B, H, n, D)."""
-        return x.reshape(-1, x.shape[-1]).index_select(0, self.target).view(self.shape)
+    @staticmethod
+    def lay_out(rows: torch.Tensor, index: torch.Tensor, length: int) -> torch.Tensor:
+        """(N * n + 1, D) token rows -> (chunks, 1, length, D) at `index`."""
+        return rows.index_select(0, index).view(-1, 1, length, rows.shape[-1])
 
 
 class _ChunkStep(torch.autograd.Function):
-    """Clustered attention over the own chunk (causal or whole) and the previous chunk of each chunk, as two fused
+    """Clustered attention over the own chunk (causal or whole) and the previous chunk of each chunk, as fused
     kernel calls merged by log-sum-exp; backward through the kernel's own backward given the merged output and
-    log-sum-exp (each part's gradients are then those of the joint softmax), the previous chunk's added back to
-    the chunk before. The reference path (clustered.chunk_attention under autograd) spends its backward on the
-    (chunks, C, 2C) scores, mask, softmax and the strided windows' unfold backward; the slots are a permutation of
-    the tokens, so the layout's gradient here is a gather, not a scatter-add."""
+    log-sum-exp (each part's gradients are then those of the joint softmax). The reference path
+    (clustered.chunk_attention under autograd) spends its backward on the (chunks, C, 2C) scores, mask, softmax
+    and the strided windows' unfold backward. Every token sits in one slot, so the own chunks' outputs and
+    gradients go back to token order by a copy; the previous chunks' key gradients are then added."""
 
     @staticmethod
     def forward(ctx, q, k, v, layout: _StepLayout):
-        queries, keys, values = (layout.lay_out(x) for x in (q, k, v))
-        out, lse = _fused(queries, keys, values, layout.own_mask, layout.causal)
-        if layout.own_mask is not None:  # the kernel gives a row that sees no key log-sum-exp 0: count it absent
-            no_key = _no_own_key(layout.own_mask[:, 0, 0])[:, None] if layout.causal else _no_key(layout.own_mask)
-            lse.masked_fill_(no_key, float("-inf"))
-        previous = layout.with_previous
-        parts = ()
-        if previous.numel():  # the chunks that have a previous chunk, and its keys and values (copies)
-            parts = (queries[previous], keys[previous - 1], values[previous - 1])
-            part_out, part_lse = _fused(*parts, layout.previous_mask, False)
-            chunk_out, chunk_lse = out[previous], lse[previous]
-            merge_into(chunk_out, chunk_lse, part_out, part_lse)
-            out[previous], lse[previous] = chunk_out, chunk_lse
-            parts = (*parts, chunk_out, chunk_lse)
+        q_rows, k_rows, v_rows = (layout.padded(x) for x in (q, k, v))
+        out_rows = q_rows.new_empty(q_rows.shape)
+        saved = []
+        for group in layout.classes:
+            own = [layout.lay_out(x, group.rows, group.length) for x in (q_rows, k_rows, v_rows)]
+            out, lse = _fused(*own, group.own_mask, layout.causal)
+            if group.own_mask is not None:  # the kernel gives a row that sees no key log-sum-exp 0: count it absent
+                mask = group.own_mask
+                no_key = _no_own_key(mask[:, 0, 0])[:, None] if layout.causal else _no_key(mask)
+                lse.masked_fill_(no_key, float("-inf"))
+            previous = group.with_previous
+            parts = []
+            if previous.numel():
+                parts = [own[0][previous]] + [layout.lay_out(x, group.previous_rows, group.chunk) for x in (k_rows, v_rows)]
+                part_out, part_lse = _fused(*parts, group.previous_mask, False)
+                chunk_out, chunk_lse = out[previous], lse[previous]
+                merge_into(chunk_out, chunk_lse, part_out, part_lse)
+                out[previous], lse[previous] = chunk_out, chunk_lse
+                parts += [chunk_out, chunk_lse]
+            out_rows.index_copy_(0, group.rows, out.view(-1, out.shape[-1]))
+            saved += [*own, out, lse, *parts]
         ctx.layout = layout
-        ctx.save_for_backward(queries, keys, values, out, lse, *parts)
-        return layout.to_tokens(out)
+        ctx.save_for_backward(*saved)
+        return out_rows[: layout.tokens].view(layout.shape)
 
     @staticmethod
     def backward(ctx, grad):
-        queries, keys, values, out, lse, *parts = ctx.saved_tensors
         layout = ctx.layout
-        grad_out = layout.lay_out(grad)
+        saved = list(ctx.saved_tensors)
+        grad_rows = layout.padded(grad)
+        grads = [grad_rows.new_empty(grad_rows.shape) for _ in "qkv"]
+        previous_grads = []
         backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-        grad_q, grad_k, grad_v = backward(
-            grad_out, queries, keys, values, out, _finite(lse), 0.0, layout.causal, attn_mask=layout.own_mask
-        )
-        previous = layout.with_previous
-        if parts:
-            *inputs, part_out, part_lse = parts
-            part = backward(
-                grad_out[previous], *inputs, part_out, _finite(part_lse), 0.0, False, attn_mask=layout.previous_mask
-            )
-            grad_q.index_add_(0, previous, part[0])
-            grad_k.index_add_(0, previous - 1, part[1])
-            grad_v.index_add_(0, previous - 1, part[2])
-        return layout.to_tokens(grad_q), layout.to_tokens(grad_k), layout.to_tokens(grad_v), None
+        for group in layout.classes:
+            (*own, out, lse), saved = saved[:5], saved[5:]
+            grad_out = layout.lay_out(grad_rows, group.rows, group.length)
+            own_grads = backward(grad_out, *own, out, _finite(lse), 0.0, layout.causal, attn_mask=group.own_mask)
+            previous = group.with_previous
+            if previous.numel():
+                (*inputs, part_out, part_lse), saved = saved[:5], saved[5:]
+                part = backward(
+                    grad_out[previous], *inputs, part_out, _finite(part_lse), 0.0, False, attn_mask=group.previous_mask
+                )
+                own_grads[0].index_add_(0, previous, part[0])
+                previous_grads.append((group.previous_rows, part[1], part[2]))
+            for total, own_grad in zip(grads, own_grads):
+                total.index_copy_(0, group.rows, own_grad.view(-1, own_grad.shape[-1]))
+        for rows, grad_k, grad_v in previous_grads:  # after every copy: a previous chunk may be in another class
+            grads[1].index_add_(0, rows, grad_k.view(-1, grad_k.shape[-1]))
+            grads[2].index_add_(0, rows, grad_v.view(-1, grad_v.shape[-1]))
+        return *(total[: layout.tokens].view(layout.shape) for total in grads), None
 
 
 def _finite(lse: torch.Tensor) -> torch.Tensor:
