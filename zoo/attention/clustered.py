@@ -301,13 +301,9 @@ def clustered_attention(
     chunks = chunk_layout(
         q, k, v, clusters, num_clusters, chunk, causal=causal, key_padding_mask=key_padding_mask, no_self=no_self
     )
-    if use_fast_kernels() and fast_clustered.applies_step((q, k, v), dropout_p, no_self, bias, need_lse):
-        return fast_clustered.chunk_step(q, k, v, chunks, causal, key_padding_mask is not None), None
-    if use_fast_kernels() and fast_clustered.applies_causal((q, k, v), dropout_p, causal, no_self, bias):
-        out, lse = fast_clustered.causal_chunks(
-            chunks.queries, chunks.keys, chunks.values, chunks.key_mask.flatten(0, 1)
-        )
-        return to_tokens(out, lse, chunks, need_lse)
+    if use_fast_kernels() and fast_clustered.applies_own_and_previous((q, k, v), dropout_p, no_self, bias, need_lse):
+        padded = key_padding_mask is not None
+        return fast_clustered.own_and_previous(q, k, v, chunks, causal=causal, padded=padded, need_lse=need_lse)
     return chunk_attention(chunks, chunk_mask(chunks, causal=causal, bias=bias), dropout_p=dropout_p, need_lse=need_lse)
 
 
