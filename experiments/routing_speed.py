@@ -77,25 +77,29 @@ def measure(length: int, rounds: int, heads: int = 4, dim: int = 64, batch: int 
     return best
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192, 16384])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print("| n | pass | zoo wall ms | peer wall ms | ratio wall | zoo cpu ms | peer cpu ms | ratio cpu |")
-    print("|---|---|---|---|---|---|---|---|")
+    lines = [
+        "| n | pass | zoo wall ms | peer wall ms | ratio wall | zoo cpu ms | peer cpu ms | ratio cpu |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    print("\n".join(lines), flush=True)
     for length in args.lengths:
         best = measure(length, args.rounds)
         for phase in ("fwd", "fwd+bwd"):
-            z, p = (best[f"{name} {phase} wall"] for name in ("zoo", "peer"))
-            zc, pc = (best[f"{name} {phase} cpu"] for name in ("zoo", "peer"))
-            print(
-                f"| {length} | {phase} | {z * 1e3:.1f} | {p * 1e3:.1f} | {p / z:.2f} | {zc * 1e3:.1f} | {pc * 1e3:.1f} "
-                f"| {pc / zc:.2f} |",
-                flush=True,
+            wall, peer_wall = (best[f"{name} {phase} wall"] for name in ("zoo", "peer"))
+            cpu, peer_cpu = (best[f"{name} {phase} cpu"] for name in ("zoo", "peer"))
+            lines.append(
+                f"| {length} | {phase} | {wall * 1e3:.1f} | {peer_wall * 1e3:.1f} | {peer_wall / wall:.2f} "
+                f"| {cpu * 1e3:.1f} | {peer_cpu * 1e3:.1f} | {peer_cpu / cpu:.2f} |"
             )
+            print(lines[-1], flush=True)
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
