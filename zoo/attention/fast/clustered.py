@@ -44,7 +44,7 @@ def applies_own_and_previous(
     no log-sum-exp asked for (it takes no gradient here)."""
     q = inputs[0]
     wants_grad = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)
-    precisions = (torch.float32, torch.float64) if wants_grad else (torch.float32, torch.float64, torch.bfloat16)
+    precisions = (torch.float32, torch.float64) + (() if wants_grad else (torch.bfloat16, torch.float16))
     return (
         not no_self
         and bias is None
@@ -99,8 +99,8 @@ class _Classes:
     an empty slot: its query and gradient rows are zero, so it adds nothing to any key's gradient)."""
 
     def __init__(self, chunks, causal: bool, padded: bool) -> None:
-        batch, heads, length, _ = chunks.shape
-        rows, blocks, chunk = chunks.has_key.shape
+        length = chunks.shape[2]
+        rows, _, chunk = chunks.has_key.shape
         self.shape, self.causal, self.tokens = chunks.shape, causal, rows * length
         offsets = length * torch.arange(rows, device=chunks.slots.device)[:, None]
         token_rows = torch.where(chunks.token_at >= 0, chunks.token_at + offsets, self.tokens).view(-1, chunk)
