@@ -104,7 +104,7 @@ def _head_bias(bias: ScoreBias, query_positions: torch.Tensor, key_positions: to
     return values.movedim(-1, 1).flatten(0, 1)
 
 
-@dataclass
+@dataclass(eq=False)
 class Chunks:
     """Tokens laid out by cluster in chunks (`chunk_layout`): N = B * H rows of M chunks of C slots. The queries,
     keys and values are laid out on first use (a path that lays them out itself reads only the indices)."""
