@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from zoo.attention import MultiHeadAttention, fast
-from zoo.attention.fast import additive, band, blocks, dropout, linear, sdpa
+from zoo.attention.fast import additive, band, blocks, clustered, dropout, linear, sdpa
 from zoo.nn import Dropout
 
 # Every entry point into the fast package that a kernel file calls, and the private aten ops the package uses.
@@ -19,6 +19,7 @@ ENTRY_POINTS = [
     (band, "chunked_band"),
     (blocks, "fused_union"),
     (blocks, "block_windows"),
+    (clustered, "own_and_previous"),
     (sdpa, "cpu_sdpa"),
     (dropout, "dropout"),
     (linear, "causal_segments"),
@@ -39,6 +40,7 @@ def _exercise_every_kernel() -> None:
         {"variant": "axial", "row_length": 20},
         {"variant": "full"},
         {"variant": "full", "position_bias": "t5"},  # a learned bias: _LearnedBiasAttention
+        {"variant": "routing", "clusters": 4, "chunk_size": 32},  # the chunks' training step: _OwnAndPrevious
     ]
     for options in cases:
         MultiHeadAttention(32, 4, causal=True, **options)(x).sum().backward()

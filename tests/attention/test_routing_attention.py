@@ -188,6 +188,62 @@ def test_clustered_attention_in_inference_equals_the_masked_formula(causal, no_s
     torch.testing.assert_close(lse, expected_lse, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.fast_path
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_fused_own_and_previous_chunks_pass_gradcheck_and_equal_the_reference_path(causal, padded) -> None:
+    """The training step's autograd.Function (fast/clustered.py `_OwnAndPrevious`: length classes, the previous
+    chunk's call, the kernel's backward, the layout's gradient by copy) in fp64: its gradient is its forward's
+    (gradcheck), and its output and input gradients are the reference path's (the switch off) to 1e-10."""
+    from zoo.attention.clustered import chunk_layout, clustered_attention
+    from zoo.attention.fast import clustered as fast_clustered
+    from zoo.attention.fast import set_fast_kernels
+
+    generator = torch.Generator().manual_seed(7)
+    length, num_clusters, chunk = 36, 3, 6
+    q, k, v = (torch.randn(1, 2, length, 3, generator=generator, dtype=torch.float64) for _ in "qkv")
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    clusters = torch.randint(0, num_clusters, (1, 2, length), generator=generator)
+    padding = random_padding(1, length, generator, left=causal) if padded else None
+    options = dict(causal=causal, key_padding_mask=padding, need_lse=False)
+    chunks = chunk_layout(q, k, v, clusters, num_clusters, chunk, causal=causal)
+    layout = fast_clustered._Classes(chunks, causal, padded)
+    assert len(layout.classes) > 1 and any(group.with_previous.numel() for group in layout.classes)
+
+    def attention(q, k, v):
+        return clustered_attention(q, k, v, clusters, num_clusters, chunk, **options)[0]
+
+    assert fast_clustered.applies_own_and_previous((q, k, v), 0.0, False, None, False)
+    assert torch.autograd.gradcheck(attention, (q, k, v), fast_mode=True)
+    grad = torch.randn(q.shape, generator=generator, dtype=torch.float64)
+    out = attention(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), grad)
+    set_fast_kernels(False)  # the fixture restores the switch
+    expected = attention(q, k, v)
+    for got, want in zip((out, *grads), (expected, *torch.autograd.grad(expected, (q, k, v), grad))):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.fast_path
+def test_the_fused_chunks_in_bf16_inference_follow_the_float32_output() -> None:
+    """bf16 without a gradient takes the fused chunks too (training keeps float32 and float64)."""
+    from zoo.attention.clustered import clustered_attention
+    from zoo.attention.fast import clustered as fast_clustered
+
+    generator = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, 50, 16, generator=generator) for _ in "qkv")
+    clusters = torch.randint(0, 4, (1, 2, 50), generator=generator)
+    low = tuple(x.bfloat16() for x in (q, k, v))
+    assert fast_clustered.applies_own_and_previous(low, 0.0, False, None, True)
+    assert not fast_clustered.applies_own_and_previous(tuple(x.requires_grad_() for x in low), 0.0, False, None, False)
+    with torch.no_grad():
+        out, lse = clustered_attention(*(x.detach() for x in low), clusters, 4, 8, causal=True)
+        expected, expected_lse = clustered_attention(q, k, v, clusters, 4, 8, causal=True)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(lse, expected_lse, atol=3e-2, rtol=3e-2)
+
+
 @pytest.mark.no_fast_path
 @pytest.mark.parametrize(
     "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]

@@ -22,7 +22,8 @@ and a gather of the slots brings the outputs (and log-sum-exps, for LSH's rounds
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -103,12 +104,11 @@ def _head_bias(bias: ScoreBias, query_positions: torch.Tensor, key_positions: to
     return values.movedim(-1, 1).flatten(0, 1)
 
 
-class Chunks(NamedTuple):
-    """Tokens laid out by cluster in chunks (`chunk_layout`): N = B * H rows of M chunks of C slots."""
+@dataclass(eq=False)
+class Chunks:
+    """Tokens laid out by cluster in chunks (`chunk_layout`): N = B * H rows of M chunks of C slots. The queries,
+    keys and values are laid out on first use (a path that lays them out itself reads only the indices)."""
 
-    queries: torch.Tensor  # (N * M, C, D)
-    keys: torch.Tensor  # (N * M, 2C, D): the previous chunk's and the own (strided views)
-    values: torch.Tensor  # (N * M, 2C, D)
     key_mask: torch.Tensor  # (N, M, 2C) additive: the keys each chunk may use (-inf: empty, padded, other cluster)
     has_key: torch.Tensor  # (N, M, C): the slot's query sees at least one key (an empty slot sees none)
     self_blocked: torch.Tensor | None  # (N, M, C): no_self's rule hides the query's own key
@@ -117,6 +117,34 @@ class Chunks(NamedTuple):
     token_at: torch.Tensor  # (N, M * C): the token in each slot, -1 where empty
     slots: torch.Tensor  # (N, n): each token's slot
     shape: torch.Size  # q's (B, H, n, D)
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # q, k, v (B, H, n, D)
+    flat: torch.Tensor  # (N * M * C,): each slot's row of the (N * n, D) tokens (token 0's where empty)
+    key_slots: torch.Tensor | None  # (N * M * 2C,) across clusters: each chunk's key rows (N * n: a zero row)
+
+    @cached_property
+    def queries(self) -> torch.Tensor:  # (N * M, C, D)
+        q = self.inputs[0]
+        return q.reshape(-1, q.shape[-1]).index_select(0, self.flat).view(-1, self.key_mask.shape[-1] // 2, q.shape[-1])
+
+    @cached_property
+    def keys(self) -> torch.Tensor:  # (N * M, 2C, D): the previous chunk's and the own (strided views)
+        return self._with_previous(self.inputs[1])
+
+    @cached_property
+    def values(self) -> torch.Tensor:  # (N * M, 2C, D)
+        return self._with_previous(self.inputs[2])
+
+    def _with_previous(self, x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (N * M, 2C, D): previous + own
+        # Every row's slots in one flat list of tokens (an index_select of whole vectors: faster than gather),
+        # after one chunk of a zero row, so that each chunk's keys (the previous chunk and its own) are a strided
+        # window of the laid-out keys, not a copy. The first chunk of a row sees the previous row's last chunk
+        # there: masked.
+        chunk, dim = self.key_mask.shape[-1] // 2, x.shape[-1]
+        x = F.pad(x.reshape(-1, dim), (0, 0, 0, 1))  # row N * n: zeros
+        if self.key_slots is not None:
+            return x.index_select(0, self.key_slots).view(-1, 2 * chunk, dim)
+        flat_with_zeros = torch.cat([torch.full((chunk,), x.shape[0] - 1, device=x.device), self.flat])
+        return x.index_select(0, flat_with_zeros).unfold(0, 2 * chunk, chunk).transpose(1, 2)
 
 
 def chunk_layout(
@@ -143,15 +171,7 @@ def chunk_layout(
     token_at = torch.full((rows, total), -1, dtype=torch.long, device=q.device)
     token_at.scatter_(1, slots, torch.arange(length, device=q.device).expand(rows, length))
     index = token_at.clamp(min=0)
-    # Every row's slots in one flat list of tokens (an index_select of whole vectors: faster than gather), after
-    # one chunk of a zero row, so that each chunk's keys (the previous chunk and its own) are a strided window of
-    # the laid-out keys, not a copy. The first chunk of a row sees the previous row's last chunk there: masked.
     flat = (index + length * torch.arange(rows, device=q.device)[:, None]).flatten()
-    flat_with_zeros = torch.cat([torch.full((chunk,), rows * length, device=q.device), flat])
-
-    def lay_out(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (N * M, C, D) by slot
-        return x.reshape(rows * length, x.shape[-1]).index_select(0, flat).view(-1, chunk, x.shape[-1])
-
     real = (token_at >= 0).view(rows, -1, chunk)  # (N, M, C)
     usable = real
     if key_padding_mask is not None:
@@ -198,18 +218,7 @@ def chunk_layout(
         own_slots = flat.view(rows, blocks, chunk)
         previous_slots = own_slots.gather(1, previous_index).masked_fill(~has_previous, rows * length)  # zero row
         key_slots = torch.cat([previous_slots, own_slots], dim=-1).flatten()
-
-    def with_previous(x: torch.Tensor) -> torch.Tensor:  # (B, H, n, D) -> (N * M, 2C, D): previous + own chunk
-        x = F.pad(x.reshape(rows * length, x.shape[-1]), (0, 0, 0, 1))  # row rows * n: zeros
-        if key_slots is not None:
-            return x.index_select(0, key_slots).view(-1, 2 * chunk, x.shape[-1])
-        return x.index_select(0, flat_with_zeros).unfold(0, 2 * chunk, chunk).transpose(1, 2)
-
-    queries, keys, values = lay_out(q), with_previous(k), with_previous(v)
     return Chunks(
-        queries,
-        keys,
-        values,
         key_mask,
         count > 0,
         self_blocked,
@@ -218,6 +227,9 @@ def chunk_layout(
         token_at,
         slots,
         q.shape,
+        (q, k, v),
+        flat,
+        key_slots,
     )
 
 
@@ -289,11 +301,9 @@ def clustered_attention(
     chunks = chunk_layout(
         q, k, v, clusters, num_clusters, chunk, causal=causal, key_padding_mask=key_padding_mask, no_self=no_self
     )
-    if use_fast_kernels() and fast_clustered.applies_causal((q, k, v), dropout_p, causal, no_self, bias):
-        out, lse = fast_clustered.causal_chunks(
-            chunks.queries, chunks.keys, chunks.values, chunks.key_mask.flatten(0, 1)
-        )
-        return to_tokens(out, lse, chunks, need_lse)
+    if use_fast_kernels() and fast_clustered.applies_own_and_previous((q, k, v), dropout_p, no_self, bias, need_lse):
+        padded = key_padding_mask is not None
+        return fast_clustered.own_and_previous(q, k, v, chunks, causal=causal, padded=padded, need_lse=need_lse)
     return chunk_attention(chunks, chunk_mask(chunks, causal=causal, bias=bias), dropout_p=dropout_p, need_lse=need_lse)
 
 

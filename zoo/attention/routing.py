@@ -92,9 +92,12 @@ class RoutingAttention(Kernel):
         weight = torch.ones(clusters.shape, dtype=unit.dtype, device=unit.device)
         if key_padding_mask is not None:
             weight = weight.masked_fill(key_padding_mask.bool()[:, None, :], 0.0)
-        one_hot = torch.nn.functional.one_hot(clusters, self.num_clusters).to(unit.dtype) * weight[..., None]
-        sums = torch.einsum("bgnc,bgnd->gcd", one_hot, unit)
-        counts = one_hot.sum(dim=(0, 2))[..., None]  # (G, C, 1)
+        # each key added to its (head, cluster) row: O(n D), where a one-hot product would cost O(n C D)
+        groups, count, dim = self.centroids.shape
+        index = (clusters + count * torch.arange(groups, device=clusters.device)[:, None]).flatten()
+        sums = unit.new_zeros(groups * count, dim).index_add_(0, index, (unit * weight[..., None]).reshape(-1, dim))
+        counts = unit.new_zeros(groups * count).index_add_(0, index, weight.flatten())
+        sums, counts = sums.view(groups, count, dim), counts.view(groups, count, 1)
         means = sums / counts.clamp(min=1.0)
         moved = self.decay * self.centroids.float() + (1.0 - self.decay) * means
         moved = moved / moved.norm(dim=-1, keepdim=True).clamp(min=1e-12)

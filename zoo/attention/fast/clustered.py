@@ -1,19 +1,22 @@
-"""Clustered attention's chunks (routing, LSH: zoo/attention/clustered.py) on the CPU's fused flash kernel, in
-inference: one fused call does the chunks' scores, softmax, weighted values and log-sum-exp in one pass over the
-scores (the reference path makes each of them a pass over the (chunks, C, 2C) scores). Same function as the
-reference (tests/attention/test_routing_attention.py and test_lsh_attention.py run both settings of the switch).
+"""Clustered attention's chunks (routing, LSH: zoo/attention/clustered.py) on the CPU's fused flash kernel: one
+fused call does the chunks' scores, softmax, weighted values and log-sum-exp in one pass over the scores (the
+reference path makes each of them a pass over the (chunks, C, 2C) scores). Same function as the reference
+(tests/attention/test_routing_attention.py and test_lsh_attention.py run both settings of the switch).
 
-Causal chunks without a self rule or a bias (`causal_chunks`) take no (chunks, C, 2C) mask at all: a chunk's
-query r sees the previous chunk whole and its own up to r, so it is two calls merged by log-sum-exp, one over the
-previous chunk and one over the own chunk with the kernel's is_causal, each with only a per-key mask (unusable,
-padded, or another cluster's previous chunk: (chunks, 1, 1, C), broadcast by the kernel over the queries).
-Measured side by side at 8192 tokens: 7% faster than the dense mask's call, forward peak memory a third lower
-(experiments/results/content_attention.md; re-measure there).
+Chunks without a self rule or a bias (routing's; `own_and_previous`), in inference and training, take no
+(chunks, C, 2C) mask: a query sees its own chunk (up to itself when causal) and the previous chunk of its cluster
+whole, so it is two kernel calls merged by log-sum-exp, each with at most a per-key mask (padding, or the own
+chunk's empty slots), the second only for the chunks that have a previous chunk. The chunks go in classes by
+how many real slots they hold, each cut to its longest (a cluster's last chunk is mostly short). The backward
+is the kernel's own, given the merged output and log-sum-exp (`_OwnAndPrevious`).
 
 LSH's rounds, in training as well (`joint_rounds`): the rounds combined by their log-sum-exps are one softmax
 over all the rounds' keys, so each round is one fused call forward and one fused backward given the combined
 output and log-sum-exp (blocks.fused_union), instead of the reference's passes over each round's scores and the
 log-sum-exps' own gradients.
+
+Measured against the reference and routing-transformer in experiments/results/content_attention.md (re-measure
+with experiments/routing_speed.py).
 """
 
 from __future__ import annotations
@@ -33,30 +36,190 @@ def applies(inputs: tuple[torch.Tensor, ...], dropout_p: float) -> bool:
     return not needs_grad and fused_kernel_applies(inputs[0], dropout_p, False)
 
 
-def applies_causal(inputs: tuple[torch.Tensor, ...], dropout_p: float, causal: bool, no_self: bool, bias) -> bool:
-    """`applies`, for causal chunks with no self rule (LSH's) and no position bias: the mask-free call."""
-    return causal and not no_self and bias is None and applies(inputs, dropout_p)
-
-
-def causal_chunks(
-    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, key_mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """queries (N, C, D), keys and values (N, 2C, D): each chunk's [previous, own] tokens (strided views allowed),
-    key_mask (N, 2C) additive -> the causal attention output (N, C, D) and log-sum-exp (N, C)."""
-    chunk = queries.shape[1]
-    previous = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        queries[:, None], keys[:, None, :chunk], values[:, None, :chunk], attn_mask=key_mask[:, None, None, :chunk]
+def applies_own_and_previous(
+    inputs: tuple[torch.Tensor, ...], dropout_p: float, no_self: bool, bias, need_lse: bool
+) -> bool:
+    """`own_and_previous`: no self rule (LSH's), no position bias, no dropout, on the CPU's fused kernel; in
+    training (a gradient asked of q, k or v) float32 or float64 (the kernel's low-precision backward is slow), and
+    no log-sum-exp asked for (it takes no gradient here)."""
+    q = inputs[0]
+    wants_grad = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)
+    precisions = (torch.float32, torch.float64) + (() if wants_grad else (torch.bfloat16, torch.float16))
+    return (
+        not no_self
+        and bias is None
+        and dropout_p == 0.0
+        and q.device.type == "cpu"
+        and q.dtype in precisions
+        and not (wants_grad and need_lse)
+        and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
     )
-    own = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        queries[:, None], keys[:, None, chunk:], values[:, None, chunk:], is_causal=True,
-        attn_mask=key_mask[:, None, None, chunk:],
-    )  # fmt: skip
-    (out, lse), (own_out, own_lse) = ((part[0][:, 0], part[1][:, 0]) for part in (previous, own))
-    # the kernel gives a row that sees no key of a part log-sum-exp 0 and output 0: count such a part as absent
-    lse = lse.masked_fill(key_mask[:, None, :chunk].isinf().all(-1), float("-inf"))
-    own_lse = own_lse.masked_fill(_no_own_key(key_mask[:, chunk:]), float("-inf"))
-    merge_into(out, lse, own_out, own_lse)
+
+
+def own_and_previous(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunks, *, causal: bool, padded: bool, need_lse: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q, k, v (B, H, n, D) and their `clustered.Chunks` -> the clustered attention output (B, H, n, D) and, with
+    `need_lse` (inference only), the log-sum-exp (B, H, n; -inf where a query has no key). `padded`: some keys
+    are padding (the kernel calls then take per-key masks)."""
+    layout = _Classes(chunks, causal, padded)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        return _OwnAndPrevious.apply(q, k, v, layout), None
+    out, lse, _ = _attend(layout, *(layout.padded(x) for x in (q, k, v)), need_lse)
     return out, lse
+
+
+# The chunks go to the kernel in classes by how many real slots they hold, each class cut to its longest: a
+# cluster's last chunk is mostly short (clusters hold about a chunk's worth of tokens), and its empty slots would
+# cost the kernel as much as real ones. Cut at quarters of the chunk: the short last chunks mostly fall in the
+# first, the full ones in the last (experiments/results/content_attention.md, issue 72).
+LENGTH_CLASSES = 4
+
+
+class _Class:
+    """The chunks of one length class: their first `length` slots as rows of the token vectors, and for those that
+    have a previous chunk, its whole C slots."""
+
+    def __init__(self, members, length, token_rows, key_mask, has_previous, causal: bool, padded: bool) -> None:
+        chunk = token_rows.shape[1]
+        self.length, self.chunk = length, chunk
+        self.rows = token_rows[members, :length].flatten()  # (chunks * length,)
+        self.with_previous = has_previous[members].nonzero().squeeze(1)  # positions within the class
+        self.previous_rows = token_rows[members[self.with_previous] - 1].flatten()  # (P * C,): a full chunk
+        # Without padding, causal chunks need no mask: a query sees its own chunk's slots up to itself, all real (a
+        # chunk's real slots come first), and the previous chunk of a cluster is full. Otherwise per-key masks.
+        own_mask = key_mask[members, chunk : chunk + length][:, None, None]  # (chunks, 1, 1, length)
+        self.own_mask = own_mask if padded or not causal else None
+        self.previous_mask = key_mask[members[self.with_previous], None, None, :chunk] if padded else None
+
+
+class _Classes:
+    """The indices `own_and_previous` lays tokens out by, from a `clustered.Chunks` (N = B * H rows, M chunks of
+    C): the chunks in length classes, each slot's row of the (N * n + 1) token vectors (the last, a zero row, for
+    an empty slot: its query and gradient rows are zero, so it adds nothing to any key's gradient)."""
+
+    def __init__(self, chunks, causal: bool, padded: bool) -> None:
+        length = chunks.shape[2]
+        rows, _, chunk = chunks.has_key.shape
+        self.shape, self.causal, self.tokens = chunks.shape, causal, rows * length
+        offsets = length * torch.arange(rows, device=chunks.slots.device)[:, None]
+        token_rows = torch.where(chunks.token_at >= 0, chunks.token_at + offsets, self.tokens).view(-1, chunk)
+        real = (chunks.token_at >= 0).view(-1, chunk).sum(dim=-1)  # (N * M,): every chunk holds one at least
+        key_mask = chunks.key_mask.flatten(0, 1)  # (N * M, 2C): previous chunk's keys, own chunk's keys
+        # The previous chunk is attended only by the chunks that have one of their cluster with a usable key (a
+        # cluster's first chunk has none): the second kernel call covers those chunks only.
+        has_previous = key_mask[:, :chunk].isfinite().any(dim=-1)
+        self.classes, shorter = [], 0
+        for quarter in range(1, LENGTH_CLASSES + 1):
+            longest = -(-quarter * chunk // LENGTH_CLASSES)
+            members = ((real > shorter) & (real <= longest)).nonzero().squeeze(1)
+            if members.numel():
+                self.classes.append(_Class(members, longest, token_rows, key_mask, has_previous, causal, padded))
+            shorter = longest
+
+    def padded(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, n, D) -> (N * n + 1, D): the token vectors and a zero row."""
+        return torch.nn.functional.pad(x.reshape(self.tokens, x.shape[-1]), (0, 0, 0, 1))
+
+    def to_tokens(self, rows: torch.Tensor) -> torch.Tensor:
+        """(N * n + 1, ...) -> (B, H, n, ...): the token rows, without the zero row."""
+        return rows[: self.tokens].view(*self.shape[:3], *rows.shape[1:])
+
+
+def _lay_out(rows: torch.Tensor, index: torch.Tensor, length: int) -> torch.Tensor:
+    """(N * n + 1, D) token rows -> (chunks, 1, length, D) at `index`."""
+    return rows.index_select(0, index).view(-1, 1, length, rows.shape[-1])
+
+
+def _attend(layout: _Classes, q_rows, k_rows, v_rows, need_lse: bool = False):
+    """Token rows (N * n + 1, D) -> out (B, H, n, D), the log-sum-exp (B, H, n) if `need_lse`, and per class the
+    tensors its backward reads: the own chunks' queries, keys, values, merged output and log-sum-exp, then for
+    the chunks with a previous chunk, their queries, the previous keys and values, merged output and lse."""
+    out_rows = q_rows.new_empty(q_rows.shape)
+    lse_rows = q_rows.new_empty(q_rows.shape[0], dtype=torch.float32) if need_lse else None
+    saved = []
+    for group in layout.classes:
+        own = [_lay_out(x, group.rows, group.length) for x in (q_rows, k_rows, v_rows)]
+        out, lse = _fused(*own, group.own_mask, layout.causal)
+        if group.own_mask is not None:  # the kernel gives a row that sees no key log-sum-exp 0: count it absent
+            mask = group.own_mask
+            no_key = _no_own_key(mask[:, 0, 0])[:, None] if layout.causal else _no_key(mask)
+            lse.masked_fill_(no_key, float("-inf"))
+        previous = group.with_previous
+        parts = []
+        if previous.numel():
+            parts = [own[0][previous]] + [_lay_out(x, group.previous_rows, group.chunk) for x in (k_rows, v_rows)]
+            part_out, part_lse = _fused(*parts, group.previous_mask, False)
+            chunk_out, chunk_lse = out[previous], lse[previous]
+            merge_into(chunk_out, chunk_lse, part_out, part_lse)
+            out[previous], lse[previous] = chunk_out, chunk_lse
+            parts += [chunk_out, chunk_lse]
+        out_rows.index_copy_(0, group.rows, out.view(-1, out.shape[-1]))
+        if need_lse:
+            lse_rows.index_copy_(0, group.rows, lse.flatten().float())
+        saved.append([*own, out, lse, *parts])
+    lse = layout.to_tokens(lse_rows) if need_lse else None
+    return layout.to_tokens(out_rows), lse, saved
+
+
+class _OwnAndPrevious(torch.autograd.Function):
+    """Clustered attention over the own chunk and the previous chunk of each chunk by fused kernel calls
+    (`_attend`); backward through the kernel's own backward given the merged output and log-sum-exp (each part's
+    gradients are then those of the joint softmax). The reference path (clustered.chunk_attention under
+    autograd) spends its backward on the (chunks, C, 2C) scores, mask, softmax and the strided windows' unfold
+    backward. Every token sits in one slot, so the own chunks' gradients go back to token order by a copy; the
+    previous chunks' key and value gradients are then added."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, layout: _Classes):
+        out, _, saved = _attend(layout, *(layout.padded(x) for x in (q, k, v)))
+        ctx.layout, ctx.sizes = layout, [len(tensors) for tensors in saved]
+        ctx.save_for_backward(*(tensor for tensors in saved for tensor in tensors))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        layout = ctx.layout
+        saved = iter(ctx.saved_tensors)
+        grad_rows = layout.padded(grad)
+        grads = [grad_rows.new_empty(grad_rows.shape) for _ in "qkv"]
+        previous_grads = []
+        backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        for group, size in zip(layout.classes, ctx.sizes):
+            q, k, v, out, lse, *parts = (next(saved) for _ in range(size))
+            grad_out = _lay_out(grad_rows, group.rows, group.length)
+            own = backward(grad_out, q, k, v, out, _finite(lse), 0.0, layout.causal, attn_mask=group.own_mask)
+            if parts:
+                q, k, v, out, lse = parts
+                previous = group.with_previous
+                part = backward(
+                    grad_out[previous], q, k, v, out, _finite(lse), 0.0, False, attn_mask=group.previous_mask
+                )
+                own[0].index_add_(0, previous, part[0])
+                previous_grads.append((group.previous_rows, part[1], part[2]))
+            for total, own_grad in zip(grads, own):
+                total.index_copy_(0, group.rows, own_grad.view(-1, own_grad.shape[-1]))
+        for rows, grad_k, grad_v in previous_grads:  # after every copy: a previous chunk may be in another class
+            grads[1].index_add_(0, rows, grad_k.view(-1, grad_k.shape[-1]))
+            grads[2].index_add_(0, rows, grad_v.view(-1, grad_v.shape[-1]))
+        return *(layout.to_tokens(total) for total in grads), None
+
+
+def _finite(lse: torch.Tensor) -> torch.Tensor:
+    """A row with no key (-inf) at log-sum-exp 0: its probabilities are exp(-inf - 0) = 0 all the same."""
+    return lse.masked_fill(lse.isinf(), 0.0)
+
+
+def _fused(queries, keys, values, mask, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One fused kernel call on (N, 1, C, D) chunks: out (N, 1, C, D), log-sum-exp (N, 1, C)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        queries, keys, values, is_causal=causal, attn_mask=mask
+    )
+
+
+def _no_key(mask: torch.Tensor) -> torch.Tensor:
+    """(N, 1, 1, C) additive per-key mask -> (N, 1, 1): every key hidden."""
+    return mask[:, 0].isinf().all(-1, keepdim=True)
 
 
 def _no_own_key(own_mask: torch.Tensor) -> torch.Tensor:
