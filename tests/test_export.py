@@ -34,6 +34,10 @@ def outputs(model: torch.nn.Module) -> torch.Tensor:
             ids = torch.randint(1, model.config.vocab_size, (2, 15), generator=generator)
             ids[1, 10:] = model.config.padding_id
             return model(ids)
+        if family == "bert":  # with padding at the end of the second sequence, and token types
+            ids = torch.randint(7, model.config.vocab_size, (2, 16), generator=generator)
+            ids[1, 11:] = model.config.padding_id
+            return model(ids, token_type_ids=torch.randint(0, 2, (2, 16), generator=generator))
         images, texts = torch.randn(3, 1, 8, 8, generator=generator), torch.randint(3, 20, (2, 9), generator=generator)
         texts[:, -1] = model.config.text.eot_token_id
         return torch.cat([model.encode_image(images), model.encode_text(texts)])
@@ -59,7 +63,7 @@ def test_a_checkpoint_and_its_exported_folder_load_to_the_same_outputs(family: s
     folder = save_folder(from_checkpoint, tmp_path / "export")
     config = json.loads((folder / "config.json").read_text())
     assert config["family"] == family and config["model"] == model.config.to_dict()
-    assert (folder / "tokenizer.json").is_file() == (family in ("gpt", "translation", "clip"))
+    assert (folder / "tokenizer.json").is_file() == (family in ("gpt", "translation", "clip", "bert"))
     assert (folder / "preprocessing.json").is_file() == (family in ("vit", "clip"))
     assert_same_model(zoo.load(folder), model)
 

@@ -31,6 +31,7 @@ from torch import nn
 from zoo.data.preprocessing import ImagePreprocessing
 from zoo.data.tokenizers import tokenizer_from_string
 from zoo.errors import CheckpointError, UsageError
+from zoo.models.bert import BERT, BERTConfig
 from zoo.models.clip import CLIP, CLIPConfig
 from zoo.models.gpt import GPT, GPTConfig
 from zoo.models.rnn_translation import RNNTranslation, RNNTranslationConfig
@@ -47,6 +48,7 @@ FAMILIES: dict[str, tuple[type[nn.Module], Any]] = {
     "rnn_translation": (RNNTranslation, RNNTranslationConfig),
     "clip": (CLIP, CLIPConfig),
     "sequence_classifier": (SequenceClassifier, SequenceClassifierConfig),
+    "bert": (BERT, BERTConfig),
 }
 # The base a LoRA checkpoint names (hparams `pretrained`), rebuilt as the family's task built it: (base, config).
 PRETRAINED_BASES: dict[str, Any] = {
