@@ -173,6 +173,28 @@ def test_huggingface_folder_is_gpt2_with_the_same_logits_and_tokens(tmp_path: Pa
         torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=1e-5)
 
 
+def test_huggingface_folder_of_bert_is_a_masked_lm_with_the_same_logits_and_tokens(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    model = tiny_model("bert")
+    folder = export_huggingface(model, tmp_path / "hf")
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(folder).eval()
+    assert type(hf).__name__ == "BertForMaskedLM"
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
+    assert (tokenizer.mask_token, tokenizer.cls_token, tokenizer.sep_token, tokenizer.pad_token) == (
+        "[MASK]",
+        "[CLS]",
+        "[SEP]",
+        "<pad>",
+    )
+    ids = torch.tensor([tokenizer("the [MASK]ox")["input_ids"]])
+    assert ids[0].tolist() == model.tokenizer.encode("the [MASK]ox").ids
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=1e-5)
+        again = zoo.load(folder)  # the transformers folder read back as a zoo BERT
+        torch.testing.assert_close(again(ids), model(ids), atol=1e-5, rtol=1e-5)
+    assert again.tokenizer.to_str() == model.tokenizer.to_str() or again.tokenizer.token_to_id("[MASK]") is not None
+
+
 SUPPORTED = "supported: attention=full without rope, position_bias or kv_heads"
 
 
@@ -181,8 +203,10 @@ SUPPORTED = "supported: attention=full without rope, position_bias or kv_heads"
     ("gpt", "local", f"variant='local'.*{SUPPORTED}"),
     ("gpt", "alibi", f"position_bias='alibi'.*{SUPPORTED}"),
     ("gpt", "gqa", f"kv_heads=1.*{SUPPORTED}"),
-    ("vit", "full", "format=huggingface writes GPT-2 folders \\(model=gpt\\), not model=vit; valid formats for it: "
-                    "safetensors, onnx"),
+    ("vit", "full", "format=huggingface writes GPT and BERT folders \\(model=gpt \\| bert\\), not model=vit; valid "
+                    "formats for it: safetensors, onnx"),
+    ("bert", "local", "format=huggingface: BERT and RoBERTa have none of: attention.variant='local' \\(valid: full\\); "
+                      "supported: attention=full without rope"),
 ])  # fmt: skip
 def test_huggingface_export_refuses_what_gpt2_is_not(family, attention, message, tmp_path: Path) -> None:
     pytest.importorskip("transformers")

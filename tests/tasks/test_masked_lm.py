@@ -13,11 +13,12 @@ import pytest
 import torch
 
 import zoo
+from tests.helpers import as_checkpoint, run_in_process, tiny_model
 from zoo.data.text import TextDataModule
 from zoo.data.tokenizers import CLS, MASK, MASKED_LM_TOKENS, PAD, SEP
 from zoo.errors import DataError
 from zoo.models.bert import BERT
-from zoo.tasks.masked_lm import IGNORE_INDEX, MaskedLMTask, MaskingConfig, mask_tokens
+from zoo.tasks.masked_lm import IGNORE_INDEX, MaskedLMTask, MaskingConfig, fill_masks, mask_tokens
 
 TEXT = "".join(
     f"ROMEO: {'what light through yonder window breaks' if i % 2 else 'it is the east'}.\n" for i in range(300)
@@ -157,3 +158,33 @@ def test_a_tokenizer_without_berts_tokens_is_refused_in_one_line(corpus: Path) -
     data.setup()
     with pytest.raises(DataError, match=r"the data's tokenizer has no \[MASK\] \[CLS\] \[SEP\]: .*data.special_tokens"):
         MaskedLMTask(net=dict(NET)).take_data(data)
+
+
+def test_fill_masks_ranks_the_tokens_of_each_mask_by_the_models_probabilities() -> None:
+    model = tiny_model("bert")
+    tokenizer = model.tokenizer
+    candidates = fill_masks(model, tokenizer, "the [MASK]ox [MASK]", k=3)
+    ids = [tokenizer.token_to_id(t) for t in (CLS, *"the ", MASK, *"ox ", MASK, SEP)]
+    with torch.no_grad():
+        probabilities = model(torch.tensor([ids]))[0].softmax(-1)
+    assert len(candidates) == 2
+    for position, mask in zip((5, 9), candidates):
+        values, indices = probabilities[position].topk(3)
+        assert [token for token, _ in mask] == [tokenizer.id_to_token(int(i)) for i in indices]
+        assert [p for _, p in mask] == pytest.approx(values.tolist(), abs=1e-6)
+    with pytest.raises(ValueError, match=r"'the fox' has no \[MASK\]; write it where a token is to be predicted"):
+        fill_masks(model, tokenizer, "the fox")
+    with pytest.raises(ValueError, match="is 17 tokens long, more than the model's 16"):
+        fill_masks(model, tokenizer, "the [MASK]" + " " * 12)
+
+
+def test_mode_predict_fills_the_masks_of_a_checkpoint(tmp_path: Path, capsys) -> None:
+    checkpoint = as_checkpoint(tiny_model("bert"), tmp_path / "bert.ckpt")
+    args = ["model=bert", "mode=predict", f"ckpt_path={checkpoint}", 'inputs="the [MASK]ox"', "top_k=2"]
+    code, out, err = run_in_process([*args, f"hydra.run.dir={tmp_path / 'run'}"], capsys)
+    assert code == 0, (out + err)[-3000:]
+    rows = (tmp_path / "run" / "predictions.csv").read_text().splitlines()
+    best = fill_masks(zoo.load(checkpoint), zoo.load(checkpoint).tokenizer, "the [MASK]ox", k=2)[0]
+    assert rows[0] == "text,mask,rank,token,probability" and len(rows) == 3
+    assert rows[1].startswith(f"the [MASK]ox,0,1,{best[0][0]},")
+    assert f"-> 'the {best[0][0]}ox'" in out

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import torchmetrics
 from tokenizers import Tokenizer
 
-from zoo.data.tokenizers import CLS, MASK, MASKED_LM_TOKENS, PAD, SEP
+from zoo.data.tokenizers import CLS, MASK, MASKED_LM_TOKENS, PAD, SEP, encode_text
 from zoo.errors import AttentionPlacement, DataError
 from zoo.models.bert import BERT, BERTConfig
 from zoo.tasks.base import ZooTask
@@ -234,3 +234,30 @@ class MaskedLMTask(ZooTask):
 
     def on_test_epoch_end(self) -> None:
         self._log_metrics("test", self.test_loss, self.test_accuracy)
+
+
+@torch.no_grad()
+def fill_masks(model: BERT, tokenizer: Tokenizer, text: str, k: int = 5) -> list[list[tuple[str, float]]]:
+    """For each [MASK] of `text`, in order, the k most likely tokens there and their probabilities, the text framed
+    as in training ([CLS] text [SEP])."""
+    ids = [tokenizer.token_to_id(token) for token in (CLS, MASK, SEP)]
+    if None in ids:
+        raise ValueError(f"the model's tokenizer has no {' '.join(MASKED_LM_TOKENS)}: not a masked language model's")
+    cls, mask, sep = ids
+    tokens = [cls, *encode_text(tokenizer, text), sep]
+    if mask not in tokens:
+        raise ValueError(f'{text!r} has no {MASK}; write it where a token is to be predicted, e.g. "def {MASK}(x):"')
+    limit = model.max_length
+    if limit is not None and len(tokens) > limit:
+        raise ValueError(
+            f"{text!r} is {len(tokens) - 2} tokens long, more than the model's {limit - 2} (max_length {limit} with "
+            f"[CLS] and [SEP]); use a shorter text"
+        )
+    device = next(model.parameters()).device
+    token_ids = torch.tensor([tokens], device=device)
+    probabilities = model.eval()(token_ids, masked=token_ids == mask).float().softmax(dim=-1)  # (masks, vocab)
+    top = probabilities.topk(min(k, probabilities.shape[-1]), dim=-1)
+    return [
+        [(tokenizer.id_to_token(int(i)), float(p)) for p, i in zip(values, indices)]
+        for values, indices in zip(top.values, top.indices)
+    ]
