@@ -81,6 +81,21 @@ def test_token_types_and_positions_change_the_logits() -> None:
         assert (model(ids)[0, 3] - plain[0, 3]).abs().max() > 1e-4
 
 
+def test_activation_mlp_width_and_dropout_are_honoured() -> None:
+    relu = tiny(activation="relu", mlp_dim=24)
+    assert relu.blocks[0].mlp.fc1.out_features == 24
+    assert relu.blocks[0].mlp.act is relu.mlm_head.act is torch.nn.functional.relu
+    gelu = tiny(mlp_dim=24)
+    gelu.load_state_dict(relu.state_dict())
+    ids = torch.randint(2, VOCAB, (1, 8))
+    with torch.no_grad():
+        assert (relu(ids) - gelu(ids)).abs().max() > 1e-5
+    dropped = tiny(dropout=0.5).train()
+    with torch.no_grad():
+        assert (dropped(ids) - dropped(ids)).abs().max() > 1e-4  # a new mask each forward in training
+        torch.testing.assert_close(dropped.eval()(ids), dropped.eval()(ids))
+
+
 def test_roberta_position_ids_count_the_non_padding_tokens() -> None:
     model = tiny(position_ids="roberta", padding_id=1)
     ids = torch.tensor([[5, 6, 7, 1, 1], [1, 1, 5, 6, 7]])
