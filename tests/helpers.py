@@ -217,7 +217,7 @@ VARIANTS = {
     "t5": {"variant": "full", "position_bias": "t5", "num_buckets": 8, "max_distance": 16},
     "gqa": {"variant": "full", "kv_heads": 1},
 }
-FAMILIES = ("vit", "gpt", "translation", "clip", "sequence_classifier")
+FAMILIES = ("vit", "gpt", "translation", "clip", "sequence_classifier", "bert")
 CAUSAL_FAMILIES = ("gpt", "translation")  # GPT and the translation decoder attend causally
 
 
@@ -240,7 +240,8 @@ def tiny_model(family: str, attention: str | dict = "full", seed: int = 0) -> to
     starts at zero), so that two networks that differ give different outputs."""
     from zoo.data.captions import end_of_text_id, train_caption_tokenizer
     from zoo.data.preprocessing import ImagePreprocessing
-    from zoo.data.tokenizers import train_char_tokenizer
+    from zoo.data.tokenizers import MASKED_LM_TOKENS, PAD, SPECIAL_TOKENS, train_char_tokenizer
+    from zoo.models.bert import BERT, BERTConfig
     from zoo.models.clip import CLIP, CLIPConfig
     from zoo.models.gpt import GPT, GPTConfig
     from zoo.models.rnn_translation import RNNTranslation, RNNTranslationConfig
@@ -285,6 +286,11 @@ def tiny_model(family: str, attention: str | dict = "full", seed: int = 0) -> to
         config = SequenceClassifierConfig(vocab_size=16, max_length=15, num_classes=10, padding_id=0, dim=16, depth=2,
                                           num_heads=2, mlp_dim=32, attention=settings)  # fmt: skip
         model = SequenceClassifier(config)
+    elif family == "bert":
+        tokenizer = train_char_tokenizer(["the quick brown fox jumps"], SPECIAL_TOKENS + MASKED_LM_TOKENS)
+        config = BERTConfig(vocab_size=tokenizer.get_vocab_size(), max_length=18, padding_id=tokenizer.token_to_id(PAD),
+                            dim=16, depth=2, num_heads=2, mlp_dim=32, dropout=0.0, attention=settings)  # fmt: skip
+        model = BERT(config)
     else:
         raise ValueError(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}")
     head = getattr(model, "head", None)
@@ -302,6 +308,7 @@ TASKS = {
     "rnn_translation": "zoo.tasks.translation.RNNTranslationTask",
     "clip": "zoo.tasks.clip.CLIPTask",
     "sequence_classifier": "zoo.tasks.classification.SequenceClassificationTask",
+    "bert": "zoo.tasks.masked_lm.MaskedLMTask",
 }
 
 

@@ -34,6 +34,10 @@ def outputs(model: torch.nn.Module) -> torch.Tensor:
             ids = torch.randint(1, model.config.vocab_size, (2, 15), generator=generator)
             ids[1, 10:] = model.config.padding_id
             return model(ids)
+        if family == "bert":  # with padding at the end of the second sequence, and token types
+            ids = torch.randint(7, model.config.vocab_size, (2, 16), generator=generator)
+            ids[1, 11:] = model.config.padding_id
+            return model(ids, token_type_ids=torch.randint(0, 2, (2, 16), generator=generator))
         images, texts = torch.randn(3, 1, 8, 8, generator=generator), torch.randint(3, 20, (2, 9), generator=generator)
         texts[:, -1] = model.config.text.eot_token_id
         return torch.cat([model.encode_image(images), model.encode_text(texts)])
@@ -59,7 +63,7 @@ def test_a_checkpoint_and_its_exported_folder_load_to_the_same_outputs(family: s
     folder = save_folder(from_checkpoint, tmp_path / "export")
     config = json.loads((folder / "config.json").read_text())
     assert config["family"] == family and config["model"] == model.config.to_dict()
-    assert (folder / "tokenizer.json").is_file() == (family in ("gpt", "translation", "clip"))
+    assert (folder / "tokenizer.json").is_file() == (family in ("gpt", "translation", "clip", "bert"))
     assert (folder / "preprocessing.json").is_file() == (family in ("vit", "clip"))
     assert_same_model(zoo.load(folder), model)
 
@@ -169,6 +173,28 @@ def test_huggingface_folder_is_gpt2_with_the_same_logits_and_tokens(tmp_path: Pa
         torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=1e-5)
 
 
+def test_huggingface_folder_of_bert_is_a_masked_lm_with_the_same_logits_and_tokens(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    model = tiny_model("bert")
+    folder = export_huggingface(model, tmp_path / "hf")
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(folder).eval()
+    assert type(hf).__name__ == "BertForMaskedLM"
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
+    assert (tokenizer.mask_token, tokenizer.cls_token, tokenizer.sep_token, tokenizer.pad_token) == (
+        "[MASK]",
+        "[CLS]",
+        "[SEP]",
+        "<pad>",
+    )
+    ids = torch.tensor([tokenizer("the [MASK]ox")["input_ids"]])
+    assert ids[0].tolist() == model.tokenizer.encode("the [MASK]ox").ids
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=1e-5)
+        again = zoo.load(folder)  # the transformers folder read back as a zoo BERT
+        torch.testing.assert_close(again(ids), model(ids), atol=1e-5, rtol=1e-5)
+    assert again.tokenizer.to_str() == model.tokenizer.to_str() or again.tokenizer.token_to_id("[MASK]") is not None
+
+
 SUPPORTED = "supported: attention=full without rope, position_bias or kv_heads"
 
 
@@ -177,8 +203,10 @@ SUPPORTED = "supported: attention=full without rope, position_bias or kv_heads"
     ("gpt", "local", f"variant='local'.*{SUPPORTED}"),
     ("gpt", "alibi", f"position_bias='alibi'.*{SUPPORTED}"),
     ("gpt", "gqa", f"kv_heads=1.*{SUPPORTED}"),
-    ("vit", "full", "format=huggingface writes GPT-2 folders \\(model=gpt\\), not model=vit; valid formats for it: "
-                    "safetensors, onnx"),
+    ("vit", "full", "format=huggingface writes GPT and BERT folders \\(model=gpt \\| bert\\), not model=vit; valid "
+                    "formats for it: safetensors, onnx"),
+    ("bert", "local", "format=huggingface: BERT and RoBERTa have none of: attention.variant='local' \\(valid: full\\); "
+                      "supported: attention=full without rope"),
 ])  # fmt: skip
 def test_huggingface_export_refuses_what_gpt2_is_not(family, attention, message, tmp_path: Path) -> None:
     pytest.importorskip("transformers")

@@ -1,6 +1,7 @@
 """A trained model outside the training code: `load` a checkpoint or an exported folder as the pure nn.Module,
 and write it out as a self-contained folder (`save_folder`), as ONNX (`export_onnx`) or as a Hugging Face
-GPT-2 folder (`export_huggingface`). Pure torch + safetensors + JSON: no Lightning, no Hydra.
+folder (`export_huggingface`: GPT-2 / Llama-family decoders, BERT / RoBERTa masked LMs). Pure torch +
+safetensors + JSON: no Lightning, no Hydra.
 
 An exported folder holds
     config.json          {"format": "zoo", "family": ..., "model": <the model config as a dict>, "settings": ...}
@@ -29,8 +30,9 @@ import torch
 from torch import nn
 
 from zoo.data.preprocessing import ImagePreprocessing
-from zoo.data.tokenizers import tokenizer_from_string
+from zoo.data.tokenizers import CLS, MASK, PAD, SEP, UNK, tokenizer_from_string
 from zoo.errors import CheckpointError, UsageError
+from zoo.models.bert import BERT, BERTConfig
 from zoo.models.clip import CLIP, CLIPConfig
 from zoo.models.gpt import GPT, GPTConfig
 from zoo.models.rnn_translation import RNNTranslation, RNNTranslationConfig
@@ -47,6 +49,7 @@ FAMILIES: dict[str, tuple[type[nn.Module], Any]] = {
     "rnn_translation": (RNNTranslation, RNNTranslationConfig),
     "clip": (CLIP, CLIPConfig),
     "sequence_classifier": (SequenceClassifier, SequenceClassifierConfig),
+    "bert": (BERT, BERTConfig),
 }
 # The base a LoRA checkpoint names (hparams `pretrained`), rebuilt as the family's task built it: (base, config).
 PRETRAINED_BASES: dict[str, Any] = {
@@ -58,6 +61,15 @@ PRETRAINED_BASES: dict[str, Any] = {
 # by a Qwen2 of the same sizes).
 ARCHITECTURE_FIELDS = {"gpt": ("norm", "mlp", "bias", "qkv_bias", "qk_norm", "tie_weights")}
 ONNX_FAMILIES = ("gpt", "sequence_classifier", "vit")
+HUGGINGFACE_FAMILIES = ("gpt", "bert")
+# What each family's Hugging Face export writes, for the one-line refusal of what it cannot.
+HUGGINGFACE_SUPPORTED = {
+    "gpt": "attention=full without rope, position_bias or kv_heads (GPT-2), or model=llama's blocks with full or local "
+    "attention (no sink or global tokens) and rope_scaling none, linear, dynamic, yarn or llama3 (Llama, Qwen2, "
+    "Mistral)",
+    "bert": "attention=full without rope, position_bias or kv_heads (BertForMaskedLM; RobertaForMaskedLM with "
+    "position_ids=roberta)",
+}
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
 PREPROCESSING_FILE, ONNX_FILE = "preprocessing.json", "model.onnx"
 FOLDER_FORMAT = "zoo"
@@ -162,8 +174,8 @@ def _from_folder(folder: Path) -> nn.Module:
         config = json.loads(config_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise CheckpointError(f"{config_file} is not valid JSON") from None
-    if config.get("model_type") in ("llama", "qwen2", "mistral"):
-        return _from_huggingface_folder(folder)
+    if config.get("model_type") in ("llama", "qwen2", "mistral", "bert", "roberta"):
+        return _from_huggingface_folder(folder, config["model_type"])
     if config.get("model_type") == "gpt2":
         raise CheckpointError(
             f"{str(folder)!r} is a Hugging Face GPT-2 folder: load it with transformers "
@@ -186,9 +198,10 @@ def _from_folder(folder: Path) -> nn.Module:
     )
 
 
-def _from_huggingface_folder(folder: Path) -> nn.Module:
-    """A Llama / Qwen2 / Mistral folder of transformers' save_pretrained as a zoo GPT, with its tokenizer.json."""
-    model = GPT.from_huggingface(folder)
+def _from_huggingface_folder(folder: Path, model_type: str) -> nn.Module:
+    """A Llama / Qwen2 / Mistral folder of transformers' save_pretrained as a zoo GPT, a BERT / RoBERTa one as a zoo
+    BERT, with its tokenizer.json."""
+    model = BERT.from_huggingface(folder) if model_type in ("bert", "roberta") else GPT.from_huggingface(folder)
     tokenizer = None
     if (folder / TOKENIZER_FILE).is_file():
         tokenizer = tokenizer_from_string((folder / TOKENIZER_FILE).read_text(encoding="utf-8"))
@@ -345,31 +358,33 @@ def onnx_difference(model: nn.Module, path: str | Path) -> float:
 
 
 def export_huggingface(model: nn.Module, folder: str | Path) -> Path:
-    """A GPT as a `transformers` folder (save_pretrained: config.json, model.safetensors, and the tokenizer as a
-    PreTrainedTokenizerFast): GPT-2 (full attention, learned positions), or Llama / Qwen2 / Mistral for the
-    Llama family's blocks (GPT.to_huggingface). LoRA adapters are merged into the weights first.
+    """A GPT or BERT as a `transformers` folder (save_pretrained: config.json, model.safetensors, and the tokenizer as
+    a PreTrainedTokenizerFast): GPT-2 (full attention, learned positions), or Llama / Qwen2 / Mistral for the Llama
+    family's blocks (GPT.to_huggingface); BertForMaskedLM or RobertaForMaskedLM (BERT.to_huggingface). LoRA adapters
+    are merged into the weights first.
 
     Args:
-        model: a GPT of zoo.models.
+        model: a GPT or BERT of zoo.models.
         folder: where the transformers folder is written.
     """
     family = family_of(model)
-    if family != "gpt":
-        raise UsageError(f"format=huggingface writes GPT-2 folders (model=gpt), not model={family}; valid formats "
-                         f"for it: safetensors{', onnx' if family in ONNX_FAMILIES else ''}")  # fmt: skip
+    if family not in HUGGINGFACE_FAMILIES:
+        raise UsageError(f"format=huggingface writes GPT and BERT folders (model=gpt | bert), not model={family}; "
+                         f"valid formats for it: safetensors{', onnx' if family in ONNX_FAMILIES else ''}")  # fmt: skip
     model = merged(model)
     try:
         hf_model = model.to_huggingface()
     except ValueError as error:
-        raise UsageError(
-            f"format=huggingface: {error}; supported: attention=full without rope, position_bias or kv_heads "
-            "(GPT-2), or model=llama's blocks with full or local attention (no sink or global tokens) and rope_scaling "
-            "none, linear, dynamic, yarn or llama3 (Llama, Qwen2, Mistral)"
-        ) from None
+        raise UsageError(f"format=huggingface: {error}; supported: {HUGGINGFACE_SUPPORTED[family]}") from None
     from transformers import PreTrainedTokenizerFast
 
     folder = Path(folder)
     hf_model.save_pretrained(folder)
     if getattr(model, "tokenizer", None) is not None:
-        PreTrainedTokenizerFast(tokenizer_object=model.tokenizer).save_pretrained(folder)
+        # BERT's tokens named as transformers' fill-mask pipeline and data collators look them up.
+        roles = {"mask_token": MASK, "cls_token": CLS, "sep_token": SEP, "pad_token": PAD, "unk_token": UNK}
+        named = {role: token for role, token in roles.items() if model.tokenizer.token_to_id(token) is not None}
+        PreTrainedTokenizerFast(
+            tokenizer_object=model.tokenizer, **(named if family == "bert" else {})
+        ).save_pretrained(folder)
     return folder

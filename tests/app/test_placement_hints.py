@@ -57,7 +57,7 @@ def test_a_placement_line_is_short_and_every_placement_it_names_builds(model: st
         raise AssertionError(f"{model} {option} builds: no line to check")
     target = compose_config([model]).model._target_
     message = str(refused)
-    hint = placement_hint(refused, target, model.split("=")[1], HINT_ROOM - len(message))
+    hint = placement_hint(refused, target, model.split("=")[1], HINT_ROOM - len(f"error: {message}"))
     assert hint and len(f"error: {message}{hint}") <= HINT_ROOM, (len(message + hint), message + hint)
     ways = placements(hint, model, option)
     assert ways, hint

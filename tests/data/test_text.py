@@ -112,6 +112,22 @@ def test_cache_dir_tokenises_once_and_memory_maps(corpus: Path, tmp_path: Path) 
     assert len(list((tmp_path / "cache").iterdir())) == 2
 
 
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_special_tokens_are_reserved_and_read_as_one_token(corpus: Path, tmp_path: Path, kind: str) -> None:
+    options = {"tokenizer": kind, "vocab_size": 300 if kind == "bpe" else None, "cache_dir": str(tmp_path / "cache")}
+    plain = TextDataModule(path=str(corpus), block_size=16, **options)
+    plain.setup()
+    data = TextDataModule(path=str(corpus), block_size=16, special_tokens=["[MASK]", "[CLS]", "<pad>"], **options)
+    data.setup()
+    tokenizer = data.tokenizer
+    assert plain.tokenizer.token_to_id("[MASK]") is None
+    assert [tokenizer.token_to_id(t) for t in ("<pad>", "<bos>", "<eos>", "<unk>", "[MASK]", "[CLS]")] == list(range(6))
+    assert tokenizer.encode("the [MASK] fox", add_special_tokens=False).ids.count(4) == 1
+    assert plain.cache_key(plain.sources()) != data.cache_key(data.sources())  # cached apart
+    with pytest.raises(DataError, match="data.special_tokens must be a list of non-empty strings, got '\\[MASK\\]'"):
+        TextDataModule(path=str(corpus), special_tokens="[MASK]")
+
+
 def test_bad_paths_are_one_line_errors(tmp_path: Path) -> None:
     def setup(**kwargs) -> None:
         TextDataModule(block_size=8, **kwargs).setup()

@@ -20,6 +20,7 @@ def family_inputs(family: str) -> tuple[torch.Tensor, ...]:
         "translation": (tokens(10, 9), tokens(10, 7)),
         "clip": (images, tokens(10, 12)),
         "sequence_classifier": (tokens(16, 15),),
+        "bert": (tokens(20, 16),),
     }[family]
 
 
@@ -31,7 +32,7 @@ def gradients(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> dict[
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("family", ["vit", "gpt", "translation", "clip", "sequence_classifier"])
+@pytest.mark.parametrize("family", ["vit", "gpt", "translation", "clip", "sequence_classifier", "bert"])
 def test_checkpointed_gradients_equal_the_plain_run(family: str) -> None:
     model = tiny_model(family).double().train()
     inputs = family_inputs(family)
@@ -50,6 +51,7 @@ def test_checkpointed_gradients_equal_the_plain_run(family: str) -> None:
 
 
 def test_checkpointing_is_a_config_field_of_every_family() -> None:
+    from zoo.models.bert import BERT, BERTConfig
     from zoo.models.clip import CLIP, CLIPConfig
     from zoo.models.gpt import GPT, GPTConfig
     from zoo.models.sequence_classifier import SequenceClassifier, SequenceClassifierConfig
@@ -65,6 +67,7 @@ def test_checkpointing_is_a_config_field_of_every_family() -> None:
                         text={"dim": 8, "depth": 1, "num_heads": 2}, checkpointing=True)),
         SequenceClassifier(SequenceClassifierConfig(vocab_size=11, max_length=8, num_classes=2, dim=8, depth=1,
                                                     num_heads=2, checkpointing=True)),
+        BERT(BERTConfig(vocab_size=11, max_length=8, dim=8, depth=1, num_heads=2, checkpointing=True)),
     ]  # fmt: skip
     for model in models:
         blocks = [m for m in model.modules() if isinstance(m, TransformerBlock)]

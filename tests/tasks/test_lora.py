@@ -36,6 +36,8 @@ TINY = {
              "model.net.image.mlp_dim=32", "model.net.text.dim=16", "model.net.text.depth=1",
              "model.net.text.num_heads=2", "model.net.text.mlp_dim=32", "model.net.embed_dim=16"],
     "sequence_classifier": ["model.net.dim=16", "model.net.depth=1", "model.net.num_heads=2", "model.net.mlp_dim=32"],
+    "bert": ["model.net.dim=16", "model.net.depth=1", "model.net.num_heads=2", "model.net.mlp_dim=32",
+             "data.block_size=16", "data.batch_size=4", "data.eval_batches=1", "trainer.val_check_interval=1"],
 }  # fmt: skip
 # Two steps: a head that starts at zero (the classifiers') passes no gradient to the adapters in the first.
 STEPS = ["trainer.max_steps=2", "trainer.max_epochs=1", "+trainer.limit_train_batches=2",
@@ -52,7 +54,8 @@ def test_every_family_has_a_short_run_here() -> None:
 
 def build_task(family: str, *overrides: str) -> torch.nn.Module:
     """The task `python run.py model=<family> <overrides>` builds (a GPT's vocabulary given, so its net exists)."""
-    vocab = ["model.net.vocab_size=40"] if family in ("gpt", "llama") else []
+    vocab = ["model.net.vocab_size=40"] if family in ("gpt", "llama", "bert") else []
+    vocab += ["model.net.max_length=18"] if family == "bert" else []
     cfg = compose_config([f"model={family}", *TINY[family], *vocab, *overrides])
     torch.manual_seed(0)
     return hydra.utils.instantiate(cfg.model, _convert_="all")

@@ -22,6 +22,7 @@ from zoo.tasks.base import ZooTask
 from zoo.tasks.classification import ImageClassificationTask, SequenceClassificationTask
 from zoo.tasks.clip import CLIPTask
 from zoo.tasks.language_model import LanguageModelTask
+from zoo.tasks.masked_lm import MaskedLMTask
 from zoo.tasks.translation import RNNTranslationTask, TranslationTask
 from zoo.training.checkpoints import task_class
 
@@ -70,6 +71,7 @@ NEEDS = {"bidirectional": "non-causal", "sequence": "token-sequence"}
 FAMILY_TASKS: tuple[type[ZooTask], ...] = (
     CLIPTask,
     LanguageModelTask,
+    MaskedLMTask,
     RNNTranslationTask,
     SequenceClassificationTask,
     TranslationTask,

@@ -78,7 +78,7 @@ def exit_with_one_line(cfg: DictConfig, error: Exception, folders: RunFolders) -
     if message is None or full_error_requested():
         raise error
     target = cfg.get("model", {}).get("_target_")
-    message += placement_hint(unwrap(error), target, model_choice(), HINT_ROOM - len(message))
+    message += placement_hint(unwrap(error), target, model_choice(), HINT_ROOM - len(f"error: {message}"))
     output_dir = cfg.get("paths", {}).get("output_dir")
     status = exit_status(error)
     if status == EXIT_FAULT and output_dir and cfg.get("mode", "train") == "train" and cfg.get("train", True):

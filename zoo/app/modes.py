@@ -3,13 +3,13 @@
 train           fit, then test the best (or last) checkpoint                 every model (zoo.app.train)
 generate        sample text from a GPT checkpoint                            model=gpt
 translate       translate sentences with a translation checkpoint           model=translation | rnn_translation
-predict         top-k classes of images                                      model=vit
+predict         top-k classes of images; top-k tokens of a text's [MASK]s    model=vit | bert
 zero_shot       probabilities of class names (prompt templates) per image   model=clip
 retrieve        images for a text query, or captions for an image query     model=clip
 attention_maps  attention of every family, as PNGs (and to the loggers)      vit, clip, gpt, (rnn_)translation
 explain         attribution maps (attention, rollout, gradients) per image   vit, clip, sequence_classifier
 export          a self-contained folder: safetensors | onnx | huggingface    every model (onnx: all but translation
-                                                                             and clip; huggingface: gpt)
+                                                                             and clip; huggingface: gpt, bert)
 shard           the data's train/val/test splits as litdata shards in out=   image, caption, text, parallel-text,
                                                                              token-sequence data
 
@@ -60,6 +60,7 @@ from zoo.models.seq2seq import beam_search, greedy_decode
 from zoo.models.vit import ViT, attention_rollout
 from zoo.tasks.clip_evaluation import zero_shot_classifier
 from zoo.tasks.language_model import generate_text
+from zoo.tasks.masked_lm import fill_masks
 from zoo.tasks.translation import alignment_figure, token_labels
 from zoo.training.attention_figures import grid_attention_figure, rollout_figure, token_attention_figure
 from zoo.training.checkpoints import task_class
@@ -202,7 +203,9 @@ def translate(cfg: DictConfig) -> dict[str, float]:
 def predict(cfg: DictConfig) -> dict[str, float]:
     """`mode=predict inputs=<image | folder | glob>`: the top_k classes of each image with their probabilities,
     read exactly as the training run's evaluation read its images; a table and predictions.csv."""
-    model = load_trained(cfg, "predict", ("vit",))
+    model = load_trained(cfg, "predict", ("vit", "bert"))
+    if family_of(model) == "bert":
+        return predict_masks(cfg, model)
     files = image_files(required(cfg, "inputs", "predict", "<an image file, a folder of images or a glob>"))
     preprocessing = image_preprocessing(cfg, model)
     names = class_names(preprocessing, model.config.num_classes)
@@ -211,6 +214,30 @@ def predict(cfg: DictConfig) -> dict[str, float]:
     rows = [row for file, p in zip(files, probabilities) for row in ranked_rows(str(file), p, names, k)]
     print_table(f"top-{k} classes of {len(files)} images", ["image", "rank", "class", "probability"], rows)
     write_csv(output_dir(cfg) / "predictions.csv", ["image", "rank", "class", "probability"], rows)
+    return {}
+
+
+# -- BERT -----------------------------------------------------------------------------------------
+def predict_masks(cfg: DictConfig, model: nn.Module) -> dict[str, float]:
+    """`mode=predict inputs="def [MASK](x):"` on a BERT: the top_k tokens of each [MASK] of each text with their
+    probabilities, and the text filled with the most likely ones; a table and predictions.csv."""
+    texts = as_list(required(cfg, "inputs", "predict", '"<a text with [MASK] in it>"'), "inputs")
+    k = top_k(cfg, model.config.vocab_size)
+    rows = []
+    for text in texts:
+        try:
+            candidates = fill_masks(model, model.tokenizer, text, k)
+        except ValueError as error:
+            raise UsageError(f"inputs: {error}") from None
+        filled = text
+        for mask in candidates:
+            filled = filled.replace("[MASK]", mask[0][0], 1)
+        print(f"{text!r} -> {filled!r}")
+        rows += [[text, n, rank, *readable([token]), f"{p:.4f}"]
+                 for n, mask in enumerate(candidates) for rank, (token, p) in enumerate(mask, start=1)]  # fmt: skip
+    columns = ["text", "mask", "rank", "token", "probability"]
+    print_table(f"top-{k} tokens of each [MASK]", columns, rows)
+    write_csv(output_dir(cfg) / "predictions.csv", columns, rows)
     return {}
 
 
@@ -423,8 +450,9 @@ def export(cfg: DictConfig) -> dict[str, float]:
     if form == "huggingface":
         export_huggingface(model, folder)
         architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
+        auto = "AutoModelForMaskedLM" if architecture.endswith("ForMaskedLM") else "AutoModelForCausalLM"
         print(f"exported a Hugging Face {architecture} folder to {shown_path(folder)}: "
-              "transformers.AutoModelForCausalLM.from_pretrained(it)")  # fmt: skip
+              f"transformers.{auto}.from_pretrained(it)")  # fmt: skip
         return {}
     if form == "onnx":
         onnx_example(model)  # a family ONNX export does not serve fails here, before anything is written

@@ -40,7 +40,15 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from zoo.data.splits import SplitDataModule
-from zoo.data.tokenizers import EOS, KINDS, batched, tokenizer_from_string, tokenizer_to_string, train_tokenizer
+from zoo.data.tokenizers import (
+    EOS,
+    KINDS,
+    SPECIAL_TOKENS,
+    batched,
+    tokenizer_from_string,
+    tokenizer_to_string,
+    train_tokenizer,
+)
 from zoo.errors import DataError
 
 log = logging.getLogger("zoo")
@@ -174,6 +182,8 @@ class TextDataModule(SplitDataModule):
     eval_batches: evaluate on that many random batches of the val/test split, or null for all of it.
     packing: batches carry document ids, attention stays within documents and no target crosses a document end.
     document_split: where a document ends (an <eos> follows it): file | line | blank_line.
+    special_tokens: tokens the trained tokenizer reserves besides <pad> <bos> <eos> <unk> (a masked language model:
+    [MASK] [CLS] [SEP]); each is one token wherever it appears in a text.
     """
 
     def __init__(
@@ -193,6 +203,7 @@ class TextDataModule(SplitDataModule):
         encoding: str = "utf-8",
         packing: bool = False,
         document_split: str = "file",
+        special_tokens: list[str] | tuple[str, ...] = (),
     ) -> None:
         super().__init__()
         if document_split not in DOCUMENT_SPLITS:
@@ -215,6 +226,9 @@ class TextDataModule(SplitDataModule):
                 f"data.val_fraction in (0, 1) and data.test_fraction in [0, 1) must leave a training split, "
                 f"got val_fraction={val_fraction} and test_fraction={test_fraction}"
             )
+        if isinstance(special_tokens, str) or not all(isinstance(t, str) and t for t in special_tokens):
+            raise DataError(f"data.special_tokens must be a list of non-empty strings, got {special_tokens!r}")
+        self.special_tokens = tuple(token for token in special_tokens if token not in SPECIAL_TOKENS)
         self.path = path
         self.tokenizer_kind = tokenizer
         self.requested_vocab_size = vocab_size
@@ -294,6 +308,8 @@ class TextDataModule(SplitDataModule):
         description = [CACHE_VERSION, stats, self.tokenizer_kind, self.requested_vocab_size, self.encoding]
         if self.document_split != "file":  # the stream of earlier caches stays valid for file
             description.append(self.document_split)
+        if self.special_tokens:  # likewise without extra special tokens
+            description.append(list(self.special_tokens))
         if self.given_tokenizer is not None:
             description.append(hashlib.sha256(tokenizer_to_string(self.given_tokenizer).encode()).hexdigest())
         return hashlib.sha256(json.dumps(description).encode()).hexdigest()[:16]
@@ -313,7 +329,12 @@ class TextDataModule(SplitDataModule):
             tokenizer = self.given_tokenizer
             chars = sum(len(text) for _, text in self.read_chunks(files))
         else:
-            tokenizer = train_tokenizer(self.tokenizer_kind, batched(texts(), 16), self.requested_vocab_size)
+            tokenizer = train_tokenizer(
+                self.tokenizer_kind,
+                batched(texts(), 16),
+                self.requested_vocab_size,
+                special_tokens=SPECIAL_TOKENS + self.special_tokens,
+            )
         if chars == 0:
             raise DataError(f"the text corpus is empty: {[str(p) for p in files][:5]}")
         dtype = token_dtype(tokenizer.get_vocab_size())

@@ -12,6 +12,10 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+# BERT's own tokens (Devlin et al. 2019), reserved by a masked language model's tokenizer (data.special_tokens):
+# the masked position, the sequence's first token (pooled for classification), and the end of each segment.
+MASK, CLS, SEP = "[MASK]", "[CLS]", "[SEP]"
+MASKED_LM_TOKENS = (MASK, CLS, SEP)
 KINDS = ("char", "bpe")
 
 
