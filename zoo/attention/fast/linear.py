@@ -163,10 +163,11 @@ class _EluPlusOne(torch.autograd.Function):
 
 
 def favor_applies(q: torch.Tensor, projection: torch.Tensor, dropout_p: float) -> bool:
-    """`favor_bidirectional`: fp32 / fp64 on the CPU, without attention dropout, the features fixed (a buffer)."""
+    """`favor_bidirectional`: fp32 / fp64 on the CPU, without attention dropout, the features fixed (a buffer), not
+    while torch.export traces (the reference's public ops export as they are)."""
     return (
         q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and dropout_p == 0.0
-        and not projection.requires_grad
+        and not projection.requires_grad and not torch.compiler.is_exporting()
     )  # fmt: skip
 
 
