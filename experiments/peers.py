@@ -345,6 +345,35 @@ def cosine_cell(quality: dict[str, float]) -> str:
     return f"{quality['zoo']:.3f} / {quality['peer']:.3f}{uniform}"
 
 
+def notes(records: list[dict], info: dict[str, str], load_after: str) -> list[str]:
+    """What a reader needs to read the tables: which clock to trust on a loaded host, and why a peer's cosine is
+    what it is where that is not the pair's own doing."""
+    lines = []
+    loads = [float(x) for text in (info.get("load average at start", ""), load_after) for x in text.split()[:1]]
+    if loads and max(loads) > os.cpu_count():
+        lines.append(
+            f"- The load average ({max(loads):.1f}) exceeded the {os.cpu_count()} cores during the run: wall times "
+            "include waiting for a core, so read the thread-CPU ratios (the two sides alternate, so both wait alike, "
+            "but the minimum of a few rounds does not remove it)."
+        )
+    if any(r["pair"] == "favor" for r in records):
+        lines.append(
+            "- FAVOR+'s cosine: performer-pytorch adds eps = 1e-4 to every feature after dividing the keys by their "
+            "largest feature over the whole sequence (its `softmax_kernel`); on these inputs that constant outweighs "
+            "most key features, and its output is close to uniform attention (its cosine is the bracketed one's). "
+            "With eps = 0 it computes zoo's output (checked 2026-12-08 at n=2048: cosine 1.000 between the two). "
+            "zoo's estimate is the unbiased one (tests/attention/test_favor_unbiased.py), and with 266 features it "
+            "is noisy on keys this spread out."
+        )
+    if any(r["pair"] == "routing" for r in records):
+        lines.append(
+            "- Routing's cosine: routing-transformer initialises its centroids by k-means on its first batch (here "
+            "the measured inputs) and gives each cluster a memory key and value (parameters; random here); zoo's "
+            "routing kernel as built here starts from random centroids (issue #72)."
+        )
+    return lines
+
+
 def write_page(records: list[dict], info: dict[str, str], path: Path, load_after: str) -> None:
     lengths = sorted({r["length"] for r in records})
     names = [name for name in PAIRS if any(r["pair"] == name for r in records)]
@@ -387,6 +416,8 @@ def write_page(records: list[dict], info: dict[str, str], path: Path, load_after
         "the values it may see): what attending to nothing in particular scores on these inputs. The "
         "cosine says how much of exact attention each implementation keeps here, not how well it trains.",
     ]
+    remarks = notes(records, info, load_after)
+    lines += ["", "Notes:", *remarks] if remarks else []
     path.write_text("\n".join(lines) + "\n")
 
 
