@@ -111,3 +111,44 @@ def test_long_causal_favor_equals_the_formula_in_fp64() -> None:
         out, _ = kernel(q, k, v, causal=True)
     expected = favor_formula(q, k, v, kernel.projection, causal=True)
     torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.fast_path
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_bidirectional_favor_fast_path_equals_the_reference_path(dtype: torch.dtype, monkeypatch) -> None:
+    """fast/linear.py's one-function FAVOR+ (hand-written backward, exp as exp2) against linear.py's reading path:
+    the same outputs and gradients of q, k, v with grouped heads, cross-attention lengths, padded keys, and query
+    and six keys along the longest feature w: their sum of phi(q) . phi(k) ~ 6 exp(|w|^2) / m overflows fp32 unless
+    the queries' stabiliser (largest logit |w|^2 / 2 ~ 46, above fp32's limit ~22) scales the queries down."""
+    from zoo.attention.fast import linear as fast_linear
+    from zoo.attention.fast import set_fast_kernels
+
+    torch.manual_seed(0)
+    kernel = LinearAttention(feature_map="favor", num_features=80)
+    kernel.setup_heads(HeadLayout(num_heads=4, kv_heads=2, head_dim=64))
+    kernel = kernel.to(dtype).eval()
+    generator = torch.Generator().manual_seed(5)
+    q = 1.5 * torch.randn(2, 4, 19, 64, generator=generator, dtype=dtype)
+    longest = kernel.projection[kernel.projection.norm(dim=1).argmax()] * 64**0.25  # x' = w
+    q[:, :, :3] = longest
+    k = 1.5 * torch.randn(2, 2, 11, 64, generator=generator, dtype=dtype)
+    k[:, :, :6] = longest
+    v = torch.randn(2, 2, 11, 8, generator=generator, dtype=dtype)
+    padding = torch.zeros(2, 11, dtype=torch.bool)
+    padding[0, -4:] = True
+    grad = torch.randn(2, 4, 19, 8, generator=generator, dtype=dtype)
+    calls = []
+    original = fast_linear.favor_bidirectional
+    monkeypatch.setattr(fast_linear, "favor_bidirectional", lambda *args: calls.append(1) or original(*args))
+    results = {}
+    for fast in (True, False):
+        set_fast_kernels(fast)
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, _ = kernel(*inputs, key_padding_mask=padding)
+        results[fast] = (out, *torch.autograd.grad(out, inputs, grad))
+    assert len(calls) == 1
+    tolerance = {"atol": 1e-12, "rtol": 1e-10} if dtype == torch.float64 else {"atol": 1e-5, "rtol": 1e-4}
+    for got, want in zip(results[True], results[False]):
+        torch.testing.assert_close(got, want, **tolerance)
+    assert results[True][0].isfinite().all()
+    assert results[True][2][0, :, -4:].abs().max() == 0  # padded keys get no gradient

@@ -27,7 +27,6 @@ def textbook_favor(x: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
     return torch.exp(x @ projection.T - (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(projection.shape[0])
 
 
-@pytest.mark.no_fast_path
 @pytest.mark.parametrize("causal", [False, True])
 def test_favor_estimate_of_softmax_attention_improves_with_more_features(causal: bool) -> None:
     """Mean absolute error of the output against softmax attention (these inputs, mean over 4 seeds of the

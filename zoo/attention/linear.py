@@ -317,6 +317,9 @@ class LinearAttention(Kernel):
             features = functools.partial(_features, dropout_p=dropout_p, feature_map=self._phi)
             attend = functools.partial(causal_linear_attention, chunk_size=chunk, normalise=True)
             return fast_linear.causal_segments(q, k, v, key_padding_mask, chunk, features, attend), None
+        favor = self.feature_map == "favor" and self.projection is not None
+        if not causal and favor and use_fast_kernels() and fast_linear.favor_applies(q, self.projection, dropout_p):
+            return fast_linear.favor_bidirectional(q, k, v, self.projection, key_padding_mask), None
         phi_q, phi_k, values = _features(q, k, v, key_padding_mask, dropout_p, self._phi)
         if causal:
             return causal_linear_attention(phi_q, phi_k, values, chunk, normalise=True)[0], None

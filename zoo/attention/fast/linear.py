@@ -1,6 +1,6 @@
 """Linear attention's CPU fast paths: long causal sequences a segment at a time with reused scratch tensors, the
-exclusive prefix sum as a loop of row additions (`_ExclusivePrefixSum`), and elu + 1 through exp2 with its own
-backward (`_EluPlusOne`).
+exclusive prefix sum as a loop of row additions (`_ExclusivePrefixSum`), elu + 1 through exp2 with its own
+backward (`_EluPlusOne`), and bidirectional FAVOR+ as one function with its own backward (`_FavorBidirectional`).
 
 The fast path of zoo/attention/linear.py and feature_maps.py, which hold the same function in public torch ops
 (one chunked pass, cumsum, F.elu(x) + 1); both are checked in tests/attention/test_linear_attention.py under both
@@ -160,3 +160,101 @@ class _EluPlusOne(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (y,) = ctx.saved_tensors
         return y.clamp(max=1.0).mul_(grad)
+
+
+def favor_applies(q: torch.Tensor, projection: torch.Tensor, dropout_p: float) -> bool:
+    """`favor_bidirectional`: fp32 / fp64 on the CPU, without attention dropout, the features fixed (a buffer), not
+    while torch.export traces (the reference's public ops export as they are)."""
+    return (
+        q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and dropout_p == 0.0
+        and not projection.requires_grad and not torch.compiler.is_exporting()
+    )  # fmt: skip
+
+
+def favor_bidirectional(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    projection: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Bidirectional linear attention with FAVOR+ features, (B, H, T, D), (B, G, S, D), (B, G, S, E) -> (B, H, T, E):
+    linear.py's `favor_feature_map` on q and k, then its `_bidirectional`, as one autograd.Function."""
+    return _FavorBidirectional.apply(q, k, v, projection, key_padding_mask)
+
+
+def _favor_features(x: torch.Tensor, projection: torch.Tensor, is_query: bool) -> torch.Tensor:
+    """feature_maps.favor_feature_map of x' = x / d^(1/4) (N, L, d), in place on one fresh (N, L, m) tensor: the
+    logits from one bmm per head (a 4-D x @ 2-D projection folds into one long mm, ~1.6x slower here), then the
+    row term |x'|^2 / 2, the query's stabiliser and the 1 / sqrt(m) taken into the exponent, and exp as exp2
+    (twice as fast as exp on the CPU)."""
+    count, dim = x.shape[0], x.shape[-1]
+    logits = torch.bmm(x, projection.T.expand(count, dim, projection.shape[0]))
+    shift = (x * x).sum(-1, keepdim=True).div_(2.0)
+    if is_query:  # as favor_feature_map: only a row whose largest logit passes the limit is scaled down
+        limit = math.log(torch.finfo(x.dtype).max) / 4
+        shift += (logits.amax(dim=-1, keepdim=True) - shift - limit).clamp_(min=0.0)
+    shift += 0.5 * math.log(projection.shape[0])
+    return logits.sub_(shift).mul_(LOG2_E).exp2_()
+
+
+class _FavorBidirectional(torch.autograd.Function):
+    """FAVOR+ features and O(n m d) bidirectional attention with a hand-written backward: the reference's autograd
+    graph makes a fresh (n, m) tensor for nearly every elementwise step (each one page faults on the CPU) and
+    products of a vector with a matrix (bmm with one column), slow here. Forward: phi(q), phi(k) in place; the
+    state [S | z] = phi(K)^T [V | 1] and [numerator | denominator] = phi(Q) [S | z] as one product each.
+    Backward, with g = d out: the numerator's gradient g / den and the denominator's -(g . out) / den as one
+    (n, E + 1) matrix G; d phi(Q) = G [S | z]^T, d [S | z] = phi(Q)^T G, d phi(K) = [V | 1] d[S | z]^T; and through
+    the features, with dL = d phi * phi (phi = exp(L)): d x' = dL W - x' sum_j dL_j (L = W x' - |x'|^2 / 2 + const)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, projection, key_padding_mask):
+        batch, heads, length, dim = q.shape
+        kv_heads, keys, width = k.shape[1], k.shape[2], v.shape[-1]
+        scale = dim**-0.25
+        weights = projection.to(q.dtype)
+        # The query heads of a key/value head as one sequence: (B * G, groups * T, d).
+        x_q = (q * scale).reshape(batch * kv_heads, -1, dim)
+        x_k = (k * scale).reshape(batch * kv_heads, keys, dim)
+        phi_q = _favor_features(x_q, weights, is_query=True)
+        phi_k = _favor_features(x_k, weights, is_query=False)
+        if key_padding_mask is not None:  # padded keys contribute nothing (and get no gradient: phi_k is 0 there)
+            padding = key_padding_mask.bool()[:, None, :, None].expand(batch, kv_heads, keys, 1)
+            phi_k.masked_fill_(padding.reshape(batch * kv_heads, keys, 1), 0.0)
+        values = torch.cat([v.reshape(batch * kv_heads, keys, width), v.new_ones(batch * kv_heads, keys, 1)], dim=-1)
+        state = phi_k.transpose(1, 2) @ values  # [S | z] (B * G, m, E + 1)
+        both = phi_q @ state  # [numerator | denominator] (B * G, groups * T, E + 1)
+        denominator = both[..., width:]
+        real = denominator >= torch.finfo(denominator.dtype).tiny  # as linear._safe_normaliser
+        denominator = torch.where(real, denominator, 1.0)
+        out = both[..., :width] / denominator
+        ctx.save_for_backward(x_q, x_k, weights, phi_q, phi_k, values, state, out, denominator, real)
+        ctx.shapes = (q.shape, k.shape)
+        return out.view(batch, heads, length, width)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x_q, x_k, weights, phi_q, phi_k, values, state, out, denominator, real = ctx.saved_tensors
+        q_shape, k_shape = ctx.shapes
+        width = out.shape[-1]
+        grad = grad_out.reshape(out.shape)
+        grad_both = torch.cat([grad, -(grad * out).sum(-1, keepdim=True) * real], dim=-1).div_(denominator)
+        grad_phi_q = grad_both @ state.transpose(1, 2)  # (B * G, groups * T, m)
+        grad_state = phi_q.transpose(1, 2) @ grad_both  # (B * G, m, E + 1)
+        grad_phi_k = values @ grad_state.transpose(1, 2)  # (B * G, S, m)
+        grad_v = phi_k @ grad_state[..., :width]
+        scale = q_shape[-1] ** -0.25
+        grad_q = _favor_features_backward(grad_phi_q, phi_q, x_q, weights).mul_(scale)
+        grad_k = _favor_features_backward(grad_phi_k, phi_k, x_k, weights).mul_(scale)
+        v_shape = k_shape[:-1] + (width,)
+        return grad_q.view(q_shape), grad_k.view(k_shape), grad_v.view(v_shape), None, None
+
+
+def _favor_features_backward(
+    grad_phi: torch.Tensor, phi: torch.Tensor, x: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """d x' from d phi (a fresh tensor, overwritten): dL = d phi * phi, then dL W - x' * sum_j dL_j."""
+    grad_logits = grad_phi.mul_(phi)
+    count, _, features = grad_logits.shape
+    grad_x = torch.bmm(grad_logits, weights.expand(count, features, weights.shape[1]))
+    return grad_x.sub_(x * grad_logits.sum(-1, keepdim=True))
