@@ -93,8 +93,9 @@ def recorded_attention(encoder: nn.Module) -> Iterator[list[AttentionRecord]]:
     call, in block order. Hooks on the kernels, so no model code changes and any variant takes part."""
     records: list[AttentionRecord] = []
 
-    def ask_for_weights(module, args, kwargs):
-        return args, {**kwargs, "need_weights": True}
+    def ask_for_weights(module, args, kwargs):  # the kernel's call (q, k, v, AttentionCall), weights asked
+        q, k, v, call = args
+        return (q, k, v, call.replace(need_weights=True)), kwargs
 
     def record(module, args, kwargs, output):
         values = args[2] if len(args) > 2 else kwargs["v"]
