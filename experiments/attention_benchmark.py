@@ -18,7 +18,8 @@ to 8192), on the CPU and, when present, CUDA. Causal rows:
     local-kernel, linear-kernel, sparse-kernel, fixed-kernel, axial-kernel   those variants' kernels alone
                 on ready (B, H, T, D) tensors, as bare sdpa: the issues' kernel targets compare these with sdpa
                 (the modules add the same projections as the full module around it)
-    routing     variant routing (Roy et al. 2021), clusters ceil(sqrt(n_max)), chunks of n_max / clusters
+    routing     variant routing (Roy et al. 2021), clusters ceil(sqrt(n_max)), chunks of n_max / clusters, every
+                head routing (local_heads=0)
     lsh         variant lsh (Kitaev et al. 2020), 4 hashing rounds, chunks of 64, n_max / 64 buckets
     local-global, sparse-global   local and sparse (strided) as above with global_tokens=16 (Longformer / BigBird)
     routing-kernel, lsh-kernel, local-global-kernel, sparse-global-kernel   their kernels alone, on ready tensors
@@ -117,8 +118,8 @@ def build_rows(
             DIM, HEADS, variant="sparse", pattern="fixed", stride=STRIDE, summary=SUMMARY, causal=True
         ),
         "axial": MultiHeadAttention(DIM, HEADS, variant="axial", row_length=ROW_LENGTH, causal=True),
-        "routing": MultiHeadAttention(
-            DIM, HEADS, variant="routing", causal=True, layout=TokenLayout(max_length=max_length)
+        "routing": MultiHeadAttention(  # every head routes: the routing kernel's cost, not its local heads'
+            DIM, HEADS, variant="routing", local_heads=0, causal=True, layout=TokenLayout(max_length=max_length)
         ),
         "lsh": MultiHeadAttention(
             DIM,

@@ -141,7 +141,8 @@ def lsh_pair(length: int) -> Pair:
 def routing_pair(length: int) -> Pair:
     from routing_transformer.routing_transformer import KmeansAttention
 
-    zoo = MultiHeadAttention(DIM, HEADS, variant="routing", layout=TokenLayout(max_length=length)).kernel
+    # every head routes, as in KmeansAttention (zoo's default makes half the heads local)
+    zoo = MultiHeadAttention(DIM, HEADS, variant="routing", local_heads=0, layout=TokenLayout(max_length=length)).kernel
     peer = KmeansAttention(zoo.num_clusters, zoo.chunk, HEADS, HEAD_DIM, causal=True)
     return Pair(
         name="routing",

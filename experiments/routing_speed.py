@@ -28,7 +28,7 @@ from zoo.attention.routing import RoutingAttention  # noqa: E402
 
 
 def zoo_kernel(length: int, heads: int, dim: int) -> RoutingAttention:
-    kernel = RoutingAttention()
+    kernel = RoutingAttention(local_heads=0)  # every head routes, as routing-transformer's KmeansAttention
     kernel.setup(TokenLayout(max_length=length))
     kernel.setup_heads(HeadLayout(num_heads=heads, kv_heads=heads, head_dim=dim))
     return kernel.train()

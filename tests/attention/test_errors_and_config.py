@@ -197,13 +197,13 @@ def test_rope_parameter_values_are_checked_with_their_key_and_range(scaling, par
 
 # -- Options of another variant: refused in one line, read off the kernels' own declarations -----------------------
 @pytest.mark.parametrize(("variant", "settings", "fragments"), [
-    ("full", {"window": 32}, ["attention.window=32 is an option of local, not of attention.variant=full",
+    ("full", {"window": 32}, ["attention.window=32 is an option of local, routing, not of attention.variant=full",
                               "its options: none"]),
     ("local", {"num_features": 16}, ["attention.num_features=16 is an option of linear, not of attention.variant=local",
                                      "its options: window, chunk_size, global_tokens, sink_tokens"]),
     ("local", {"clusters": 4}, ["attention.clusters=4 is an option of routing, not of attention.variant=local"]),
     ("routing", {"hashes": 2}, ["attention.hashes=2 is an option of lsh, not of attention.variant=routing",
-                                "its options: clusters, chunk_size, decay"]),
+                                "its options: clusters, chunk_size, decay, local_heads, window, centroid_init"]),
     ("routing", {"chunk_keys": "bucket"}, ["attention.chunk_keys='bucket' is an option of lsh, not of "
                                            "attention.variant=routing"]),
     ("full", {"chunk_size": 16}, ["attention.chunk_size=16 is an option of additive, linear, local, lsh, routing, not "

@@ -1,7 +1,8 @@
 """Routing attention (Roy et al. 2021): given the k-means assignments, exactly softmax attention under the mask the
-definition gives (built here with loops: same cluster, own or previous chunk of the cluster's run, causal), in
-outputs and input gradients (fp32 1e-5, fp64 1e-10); the k-means update by hand; balanced chunks; causality;
-decoding equals the forward; the centroids are a buffer that training moves and checkpoints carry."""
+definition gives (built here with loops: the local heads' band; the routing heads' same cluster, own or previous
+chunk of the cluster's run; causal), in outputs, weights and input gradients (fp32 1e-5, fp64 1e-10); the k-means
+update by hand; the centroids drawn from the first training batch's keys; balanced chunks; causality; decoding
+equals the forward; the centroids are a buffer that training moves and checkpoints carry (old ones too)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import torch
 from zoo.attention import HeadLayout, MultiHeadAttention, TokenLayout
 from zoo.attention.biases import build_position_bias
 from zoo.attention.clustered import cluster_slots
+from zoo.attention.contract import AttentionCall
 from zoo.attention.functional import fill_rows_
 from zoo.attention.routing import RoutingAttention
+from zoo.errors import ZooWarning
 
-from .helpers import random_padding, reference_softmax_attention
+from .helpers import banded_mask, random_padding, reference_softmax_attention
 
 
 def chunked_cluster_mask(clusters: list[int], chunk: int, causal: bool) -> torch.Tensor:
@@ -31,26 +34,44 @@ def chunked_cluster_mask(clusters: list[int], chunk: int, causal: bool) -> torch
     return allowed
 
 
-def routing_kernel(clusters: int, chunk: int, kv_heads: int, dim: int, dtype=torch.float32) -> RoutingAttention:
+def routing_kernel(
+    clusters: int, chunk: int, kv_heads: int, dim: int, dtype=torch.float32, local_heads: int = 0, window: int = 5
+) -> RoutingAttention:
     torch.manual_seed(0)
-    kernel = RoutingAttention(clusters=clusters, chunk_size=chunk)
+    kernel = RoutingAttention(clusters=clusters, chunk_size=chunk, local_heads=local_heads, window=window)
     kernel.setup(TokenLayout())
     kernel.setup_heads(HeadLayout(num_heads=4, kv_heads=kv_heads, head_dim=dim))
     return kernel.to(dtype).eval()
 
 
 def expected_mask(kernel: RoutingAttention, k: torch.Tensor, causal: bool, heads: int) -> torch.Tensor:
-    """(B, H, n, n) from the kernel's assignments (nearest centroid by cosine, checked here against its definition)."""
+    """(B, H, n, n): the band of `window` for the first local_heads heads, the others' from the kernel's assignments
+    (nearest centroid by cosine, checked here against its definition)."""
     unit = k / k.norm(dim=-1, keepdim=True)
     cosine = torch.einsum("bgnd,gcd->bgnc", unit, kernel.centroids)
     assignments = kernel.assign(k)
     torch.testing.assert_close(assignments, cosine.argmax(dim=-1))
     groups = heads // k.shape[1]
+    length = k.shape[2]
+    band = banded_mask(length, kernel.window, causal)
     masks = [
-        [chunked_cluster_mask(assignments[b, h // groups].tolist(), kernel.chunk, causal) for h in range(heads)]
+        [
+            band
+            if h < kernel.local_heads
+            else chunked_cluster_mask(assignments[b, h // groups].tolist(), kernel.chunk, causal)
+            for h in range(heads)
+        ]
         for b in range(k.shape[0])
     ]
     return torch.stack([torch.stack(row) for row in masks])
+
+
+def reference_weights(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, bias=None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + bias) under `allowed`, rows with no key zero (key/value heads repeated)."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + (0.0 if bias is None else bias)
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    return probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
 
 
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
@@ -58,8 +79,11 @@ def expected_mask(kernel: RoutingAttention, k: torch.Tensor, causal: bool, heads
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("biased", [False, True])
 @pytest.mark.parametrize("chunk", [4, 64])  # 64: longer than every cluster (the kernel shrinks it)
-def test_routing_matches_softmax_under_the_assignment_mask(dtype, tolerance, causal, padded, biased, chunk) -> None:
-    kernel = routing_kernel(clusters=3, chunk=chunk, kv_heads=2, dim=8, dtype=dtype)
+@pytest.mark.parametrize("local_heads", [0, 1, 2, 4])  # 1: a key/value head shared by a local and a routing head
+def test_routing_matches_softmax_under_the_assignment_mask(
+    dtype, tolerance, causal, padded, biased, chunk, local_heads
+) -> None:
+    kernel = routing_kernel(clusters=3, chunk=chunk, kv_heads=2, dim=8, dtype=dtype, local_heads=local_heads)
     generator = torch.Generator().manual_seed(3)
     length = 29
     q = torch.randn(2, 4, length, 8, generator=generator, dtype=dtype, requires_grad=True)
@@ -77,8 +101,10 @@ def test_routing_matches_softmax_under_the_assignment_mask(dtype, tolerance, cau
     grad = torch.randn(out.shape, generator=generator, dtype=dtype)
     for got, want in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
         torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
-    _, weights = kernel(q, k, v, causal=causal, key_padding_mask=padding, bias=bias, need_weights=True)
-    assert (weights[~mask] == 0).all()
+    with_weights, weights = kernel(q, k, v, causal=causal, key_padding_mask=padding, bias=bias, need_weights=True)
+    torch.testing.assert_close(with_weights, expected, atol=tolerance, rtol=tolerance)
+    want = reference_weights(q.detach(), k.detach(), mask, scores_bias)
+    torch.testing.assert_close(weights, want, atol=tolerance, rtol=tolerance)
 
 
 def test_kmeans_update_by_hand() -> None:
@@ -157,6 +183,141 @@ def test_causal_routing_is_causal_and_decoding_equals_the_forward() -> None:
     torch.testing.assert_close(torch.cat(steps, dim=1), whole, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("local_heads", [1, 2, 3])
+def test_decoding_with_local_heads_equals_the_forward_with_padding_bias_and_weights(local_heads) -> None:
+    """Kernel level, grouped heads (4 query heads on 2 key/value heads), left padding, ALiBi: decoding a prompt then
+    one token at a time gives the forward's outputs and weights, local heads and routing heads alike."""
+    kernel = routing_kernel(clusters=3, chunk=3, kv_heads=2, dim=8, dtype=torch.float64, local_heads=local_heads)
+    generator = torch.Generator().manual_seed(1)
+    length = 23
+    q = torch.randn(2, 4, length, 8, generator=generator, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, length, 8, generator=generator, dtype=torch.float64) for _ in "kv")
+    padding = random_padding(2, length, generator, left=True)
+    bias = build_position_bias("alibi", 4, causal=True).to(torch.float64)
+    out, weights = kernel(q, k, v, causal=True, key_padding_mask=padding, bias=bias, need_weights=True)
+    mask = expected_mask(kernel, k, True, heads=4) & ~padding[:, None, None, :]
+    positions = torch.arange(length)
+    torch.testing.assert_close(weights, reference_weights(q, k, mask, bias(positions, positions)))
+    cache = kernel.new_cache()
+    prompt = AttentionCall(causal=True, key_padding_mask=padding[:, :5], bias=bias)
+    steps = [kernel.decode(q[:, :, :5], k[:, :, :5], v[:, :, :5], cache, prompt)]
+    step_weights = []
+    for i in range(5, length):
+        new = (x[:, :, i : i + 1] for x in (q, k, v))
+        call = AttentionCall(causal=True, key_padding_mask=padding[:, : i + 1], need_weights=True, bias=bias)
+        step = kernel.decode(*new, cache, call)
+        steps.append(step)
+        step_weights.append(step[1][:, :, 0])
+    torch.testing.assert_close(torch.cat([o for o, _ in steps], dim=2), out, atol=1e-10, rtol=1e-10)
+    for i, row in enumerate(step_weights, start=5):
+        torch.testing.assert_close(row, weights[:, :, i, : i + 1], atol=1e-10, rtol=1e-10)
+
+
+def test_local_heads_default_to_half_and_the_window_to_two_chunks() -> None:
+    """local_heads=None: the first H // 2 heads are local; window=None: 2 * chunk_size keys (the most a routing
+    query sees); both as if given."""
+    generator = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, 30, 8, generator=generator)
+    k, v = (torch.randn(1, 4, 30, 8, generator=generator) for _ in "kv")
+    outputs = []
+    for options in ({}, {"local_heads": 2, "window": 10}):
+        torch.manual_seed(0)
+        kernel = RoutingAttention(clusters=3, chunk_size=5, **options)
+        kernel.setup_heads(HeadLayout(num_heads=4, kv_heads=4, head_dim=8))
+        assert (kernel.num_local_heads, kernel.local_window) == (2, 10)
+        outputs.append(kernel.eval()(q, k, v, causal=True)[0])
+    torch.testing.assert_close(outputs[0], outputs[1], atol=0, rtol=0)
+
+
+def drawn_tokens(real: torch.Tensor, count: int, seed: int) -> torch.Tensor:
+    """The tokens (flat over the batch) the kernel's draw picks: `count` of the real ones, by torch's generator."""
+    torch.manual_seed(seed)
+    tokens = real.flatten().nonzero()[:, 0]
+    return tokens[torch.randperm(len(tokens))[:count]]
+
+
+def test_the_first_training_batch_sets_the_centroids_to_drawn_keys_directions() -> None:
+    """centroid_init=keys: eval leaves the random start; the first training call sets each key/value head's centroids
+    to the unit directions of `clusters` real keys drawn by torch's generator (no padded one), with no average step;
+    the second call moves them by the average (decay 0.5) and draws nothing."""
+    kernel = routing_kernel(clusters=5, chunk=4, kv_heads=2, dim=8)  # centroid_init=keys by default
+    generator = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 12, 8, generator=generator)
+    k, v = (torch.randn(2, 2, 12, 8, generator=generator) for _ in "kv")
+    padding = torch.zeros(2, 12, dtype=torch.bool)
+    padding[1, 3:] = True  # row 1 has 3 real tokens: 15 real of 24
+    start = kernel.centroids.clone()
+    kernel.eval()(q, k, v, key_padding_mask=padding)
+    assert torch.equal(kernel.centroids, start) and not kernel.centroids_initialised
+    torch.manual_seed(7)
+    kernel.train()(q, k, v, key_padding_mask=padding)
+    tokens = drawn_tokens(~padding, 5, seed=7)
+    assert all(not padding.flatten()[t] for t in tokens)
+    keys = k.transpose(1, 2).reshape(24, 2, 8)[tokens].transpose(0, 1)  # (G, C, D)
+    torch.testing.assert_close(kernel.centroids, keys / keys.norm(dim=-1, keepdim=True), atol=1e-7, rtol=1e-6)
+    assert kernel.centroids_initialised
+    drawn = kernel.centroids.clone()
+    kernel.decay = 0.5
+    clusters = kernel.assign(k)
+    kernel.train()(q, k, v, key_padding_mask=padding)
+    by_hand = routing_kernel(clusters=5, chunk=4, kv_heads=2, dim=8)
+    by_hand.centroids.copy_(drawn)
+    by_hand.decay = 0.5
+    by_hand.update_centroids(k, clusters, padding)
+    torch.testing.assert_close(kernel.centroids, by_hand.centroids, atol=0, rtol=0)
+
+
+def test_random_centroid_init_keeps_the_random_start_and_averages_from_the_first_batch() -> None:
+    kernel = RoutingAttention(clusters=3, chunk_size=4, local_heads=0, centroid_init="random", decay=0.5)
+    kernel.setup_heads(HeadLayout(num_heads=2, kv_heads=2, head_dim=8))
+    assert kernel.centroids_initialised
+    k = torch.randn(1, 2, 10, 8)
+    start, clusters = kernel.centroids.clone(), kernel.assign(k)
+    kernel.train()(torch.randn(1, 2, 10, 8), k, torch.randn(1, 2, 10, 8))
+    by_hand = RoutingAttention(clusters=3, chunk_size=4, local_heads=0, centroid_init="random", decay=0.5)
+    by_hand.setup_heads(HeadLayout(num_heads=2, kv_heads=2, head_dim=8))
+    by_hand.centroids.copy_(start)
+    by_hand.update_centroids(k, clusters, None)
+    torch.testing.assert_close(kernel.centroids, by_hand.centroids, atol=0, rtol=0)
+
+
+def routing_module(**options) -> MultiHeadAttention:
+    torch.manual_seed(0)
+    return MultiHeadAttention(
+        16, 4, variant="routing", causal=True, layout=TokenLayout(max_length=32), clusters=3, **options
+    )
+
+
+def test_a_loaded_checkpoint_does_not_draw_its_centroids_again() -> None:
+    trained = routing_module()
+    trained.train()(torch.randn(2, 20, 16))
+    assert trained.kernel.centroids_initialised
+    restored = routing_module()
+    restored.load_state_dict(trained.state_dict())
+    assert restored.kernel.centroids_initialised
+    restored.kernel.decay = 1.0 - 1e-12  # an average step then leaves the centroids (almost) where they are
+    restored.train()(torch.randn(2, 20, 16) * 10)
+    torch.testing.assert_close(restored.kernel.centroids, trained.kernel.centroids, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("local_heads", [0, 2])
+def test_a_checkpoint_from_before_local_heads_loads_and_keeps_its_centroids(local_heads) -> None:
+    """A state dict without `centroids_initialised` (written before it existed) loads strictly: its centroids are
+    kept, counted as initialised (training averages, never draws), and a kernel with local heads says in a
+    ZooWarning that the checkpoint's heads all routed."""
+    old = routing_module(local_heads=0)
+    old.train()(torch.randn(2, 20, 16))
+    state = {key: value for key, value in old.state_dict().items() if not key.endswith("centroids_initialised")}
+    assert any(key.endswith("centroids") for key in state)
+    restored = routing_module(local_heads=local_heads)
+    if local_heads:
+        with pytest.warns(ZooWarning, match="predates local heads.*attention.local_heads=0"):
+            restored.load_state_dict(state)
+    else:
+        restored.load_state_dict(state)
+    assert torch.equal(restored.kernel.centroids, old.kernel.centroids) and restored.kernel.centroids_initialised
+
+
 def test_options_are_checked_in_one_line() -> None:
     from zoo.attention.config import AttentionConfig
 
@@ -166,6 +327,14 @@ def test_options_are_checked_in_one_line() -> None:
         AttentionConfig(variant="routing", clusters=0)
     with pytest.raises(ValueError, match="max length.*attention.clusters and attention.chunk_size"):
         RoutingAttention().setup(TokenLayout())
+    with pytest.raises(ValueError, match="local_heads.*int >= 0, got -1"):
+        AttentionConfig(variant="routing", local_heads=-1)
+    with pytest.raises(ValueError, match="window.*positive int or null, got 0"):
+        AttentionConfig(variant="routing", window=0)
+    with pytest.raises(ValueError, match="centroid_init 'kmeans'; valid choices: keys, random"):
+        AttentionConfig(variant="routing", centroid_init="kmeans")
+    with pytest.raises(ValueError, match="local_heads=5 .* at most the 4 query heads"):
+        RoutingAttention(clusters=2, chunk_size=2, local_heads=5).setup_heads(HeadLayout(4, 4, 8))
 
 
 @pytest.mark.parametrize("causal", [True, False])
