@@ -57,6 +57,24 @@ def to_huggingface_activation(name: str) -> str:
 
 # -- decoders: reading a checkpoint -----------------------------------------------------------------------
 
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
+GPT2_ARCHITECTURE = "GPT2LMHeadModel"
+
+
+def architecture_of(config: dict[str, Any]) -> str:
+    """gpt2 | llama | qwen2 | mistral, from config.json's `architectures` (or its model_type)."""
+    names = config.get("architectures") or []
+    for name in names:
+        if name in ARCHITECTURES:
+            return ARCHITECTURES[name]
+        if name == GPT2_ARCHITECTURE:
+            return "gpt2"
+    model_type = config.get("model_type")
+    if not names and model_type in ("llama", "qwen2", "mistral", "gpt2"):
+        return model_type
+    valid = ", ".join([*ARCHITECTURES, GPT2_ARCHITECTURE])
+    raise ValueError(f"unsupported Hugging Face architecture {(names or [model_type])[0]!r}; valid: {valid}")
+
 
 @dataclass
 class HuggingFaceCheckpoint:
@@ -273,8 +291,6 @@ def gpt2_state_to_huggingface(source: dict[str, torch.Tensor], n_layer: int) -> 
 
 
 # -- decoders: Llama, Qwen2, Mistral ----------------------------------------------------------------------
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
-GPT2_ARCHITECTURE = "GPT2LMHeadModel"
 # transformers' defaults of the fields zoo reads, for config.json files that leave them out.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
@@ -291,21 +307,6 @@ ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 HUGGINGFACE_ROPE_SCALINGS = ("linear", "dynamic", "yarn", "llama3")
 # rope_parameters keys that are not the scaling's own settings.
 ROPE_GENERAL = ("rope_type", "type", "rope_theta", "factor")
-
-
-def architecture_of(config: dict[str, Any]) -> str:
-    """gpt2 | llama | qwen2 | mistral, from config.json's `architectures` (or its model_type)."""
-    names = config.get("architectures") or []
-    for name in names:
-        if name in ARCHITECTURES:
-            return ARCHITECTURES[name]
-        if name == GPT2_ARCHITECTURE:
-            return "gpt2"
-    model_type = config.get("model_type")
-    if not names and model_type in ("llama", "qwen2", "mistral", "gpt2"):
-        return model_type
-    valid = ", ".join([*ARCHITECTURES, GPT2_ARCHITECTURE])
-    raise ValueError(f"unsupported Hugging Face architecture {(names or [model_type])[0]!r}; valid: {valid}")
 
 
 def rope_settings(config: dict[str, Any]) -> dict[str, Any]:
