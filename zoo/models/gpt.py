@@ -28,7 +28,7 @@ from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, PackedDoc
 from zoo.errors import CheckpointError, check_choice
 from zoo.models.convert import huggingface
 from zoo.nn import Dropout, ModelConfig, transformer_stack
-from zoo.nn.blocks import MLPS, NORMS, build_norm
+from zoo.nn.blocks import MLPS, NORMS, BlockConfig, build_norm
 
 
 @dataclass
@@ -102,14 +102,12 @@ class GPT(nn.Module):
         relative = config.attention.relative_positions
         self.wpe = None if relative else LearnedPositionalEmbedding(config.n_embd, config.block_size)
         self.drop = Dropout(config.dropout)
-        self.blocks = transformer_stack(
-            config.n_layer,
-            config.n_embd,
-            config.n_head,
-            config.attention,
-            causal=True,
+        block = BlockConfig(
+            dim=config.n_embd,
+            num_heads=config.n_head,
             mlp_dim=config.mlp_dim,
-            norm_first=True,
+            attention=config.attention,
+            causal=True,
             dropout=config.dropout,
             activation=config.activation,
             bias=config.bias,
@@ -121,6 +119,7 @@ class GPT(nn.Module):
             qk_norm=config.qk_norm,
             checkpointing=config.checkpointing,
         )
+        self.blocks = transformer_stack(block, config.n_layer)
         self.ln_f = build_norm(config.norm, config.n_embd, config.norm_eps, config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
@@ -296,7 +295,8 @@ class GPT(nn.Module):
         if attention:  # another variant leaves the checkpoint's options behind (Mistral's window: local's)
             config = GPTConfig(**{**fields, "attention": config.attention.replace(**attention)})
         gpt = cls(config)
-        gpt.load_state_dict(huggingface.gpt_state_from_huggingface(checkpoint, gpt.state_dict(), config), strict=False)
+        state = huggingface.gpt_state_from_huggingface(checkpoint, gpt.state_dict(), config)
+        gpt.load_state_dict(state, strict=False)  # a tied head is stored once, as wte.weight
         return gpt.to(checkpoint.dtype)
 
     def to_huggingface(self) -> Any:
