@@ -135,7 +135,8 @@ def gpt_state_from_huggingface(
             f"({len(missing)} of the {len(expected)} tensors config.json describes); valid: the folder as "
             "save_pretrained wrote it"
         )
-    ours = gpt2_state_from_huggingface(state, config.n_layer) if gpt2 else state_from_huggingface(state, config.n_layer)
+    from_huggingface = gpt2_state_from_huggingface if gpt2 else llama_family_state_from_huggingface
+    ours = from_huggingface(state, config.n_layer)
     missing = [name for name in own if name not in ours and name not in tied]
     unexpected = [name for name in ours if name not in own]
     if missing or unexpected:
@@ -149,18 +150,18 @@ def gpt_state_from_huggingface(
 def gpt_to_huggingface(config: Any, state: dict[str, torch.Tensor]) -> Any:
     """The transformers model of a zoo GPT (its GPTConfig and state dict): GPT2LMHeadModel for a GPT-2 shaped one
     (LayerNorm, GELU MLP, full attention, learned positions); LlamaForCausalLM, Qwen2ForCausalLM or
-    MistralForCausalLM for one with RMSNorm, a gated MLP and RoPE (see huggingface_config). ValueError naming
-    what neither has."""
+    MistralForCausalLM for one with RMSNorm, a gated MLP and RoPE (see llama_family_huggingface_config).
+    ValueError naming what neither has."""
     import transformers
 
     if config.norm == "layernorm" and config.mlp == "gelu":
         hf_config = transformers.GPT2Config(**gpt2_huggingface_config(config))
         architecture, hf_state = "GPT2LMHeadModel", gpt2_state_to_huggingface(state, config.n_layer)
     else:
-        architecture, fields = huggingface_config(config)
+        architecture, fields = llama_family_huggingface_config(config)
         hf_config = getattr(transformers, architecture.replace("ForCausalLM", "Config"))(**fields)
         kv_dim = (config.attention.kv_heads or config.n_head) * (config.n_embd // config.n_head)
-        hf_state = state_to_huggingface(state, config.n_layer, config.n_embd, kv_dim)
+        hf_state = llama_family_state_to_huggingface(state, config.n_layer, config.n_embd, kv_dim)
     model = getattr(transformers, architecture)(hf_config)
     missing, unexpected = model.load_state_dict(hf_state, strict=False)
     # GPT-2's causal mask buffers, in older transformers
@@ -406,11 +407,11 @@ def llama_family_name(name: str) -> str:
 def llama_family_shapes(state: dict[str, torch.Tensor], config: Any) -> dict[str, tuple[int, ...]]:
     """The shape of every Llama-family tensor that a zoo GPT (its state dict and GPTConfig) implies, by name."""
     kv_dim = (config.attention.kv_heads or config.n_head) * (config.n_embd // config.n_head)
-    names = state_to_huggingface(state, config.n_layer, config.n_embd, kv_dim)
+    names = llama_family_state_to_huggingface(state, config.n_layer, config.n_embd, kv_dim)
     return {name: tuple(tensor.shape) for name, tensor in names.items()}
 
 
-def state_from_huggingface(state: dict[str, torch.Tensor], n_layer: int) -> dict[str, torch.Tensor]:
+def llama_family_state_from_huggingface(state: dict[str, torch.Tensor], n_layer: int) -> dict[str, torch.Tensor]:
     """zoo GPT state dict of a Llama-family state dict: q, k, v stacked into in_proj (rows q, then k, then v).
     A tensor the state lacks is left out (the model's load_state_dict names it)."""
     state = {name.removeprefix("model.") if name.startswith("model.") else name: t for name, t in state.items()}
@@ -428,13 +429,13 @@ def state_from_huggingface(state: dict[str, torch.Tensor], n_layer: int) -> dict
             parts = [state.get(f"{hf}self_attn.{p}_proj.{kind}") for p in "qkv"]
             if all(p is not None for p in parts):
                 out[f"{zoo}self_attn.in_proj.{kind}"] = torch.cat(parts)
-            for theirs, ours in _BLOCK_NAMES:
+            for theirs, ours in LLAMA_FAMILY_BLOCK_NAMES:
                 if f"{hf}{theirs}.{kind}" in state:
                     out[f"{zoo}{ours}.{kind}"] = state[f"{hf}{theirs}.{kind}"]
     return out
 
 
-_BLOCK_NAMES = [
+LLAMA_FAMILY_BLOCK_NAMES = [
     ("input_layernorm", "norm1"),
     ("post_attention_layernorm", "norm2"),
     ("self_attn.o_proj", "self_attn.out_proj"),
@@ -446,8 +447,8 @@ _BLOCK_NAMES = [
 ]
 
 
-def state_to_huggingface(state: dict[str, torch.Tensor], n_layer: int, n_embd: int, kv_dim: int) -> dict:
-    """The inverse of state_from_huggingface (transformers' names with the `model.` prefix)."""
+def llama_family_state_to_huggingface(state: dict[str, torch.Tensor], n_layer: int, n_embd: int, kv_dim: int) -> dict:
+    """The inverse of llama_family_state_from_huggingface (transformers' names with the `model.` prefix)."""
     out = {"model.embed_tokens.weight": state["wte.weight"], "model.norm.weight": state["ln_f.weight"]}
     out["lm_head.weight"] = state["lm_head.weight"]
     for i in range(n_layer):
@@ -457,13 +458,13 @@ def state_to_huggingface(state: dict[str, torch.Tensor], n_layer: int, n_embd: i
             if fused is not None:
                 for name, part in zip("qkv", fused.split([n_embd, kv_dim, kv_dim])):
                     out[f"{hf}self_attn.{name}_proj.{kind}"] = part
-            for theirs, ours in _BLOCK_NAMES:
+            for theirs, ours in LLAMA_FAMILY_BLOCK_NAMES:
                 if f"{zoo}{ours}.{kind}" in state:
                     out[f"{hf}{theirs}.{kind}"] = state[f"{zoo}{ours}.{kind}"]
     return {name: tensor.contiguous() for name, tensor in out.items()}
 
 
-def huggingface_config(config: Any) -> tuple[str, dict[str, Any]]:
+def llama_family_huggingface_config(config: Any) -> tuple[str, dict[str, Any]]:
     """(architecture class name, config.json fields) of a zoo GPTConfig with RMSNorm, a gated MLP and RoPE:
     Mistral with local attention, Qwen2 with q/k/v biases only, Llama otherwise."""
     attention = config.attention
