@@ -13,8 +13,8 @@ then act inside attention), as in GPT.
 RoBERTa is the same network with fairseq's position ids (position_ids="roberta": they count the non-padding
 tokens from padding_id + 1, padding sits at padding_id) and one token type. Weights copy one to one from and to
 Hugging Face `BertForMaskedLM` and `RobertaForMaskedLM` (`from_huggingface` of a model or a saved folder,
-`to_huggingface`; zoo/models/bert_huggingface.py maps them). Their masked-LM checkpoints have no pooler: it stays
-at its initialisation on import and is left out on export.
+`to_huggingface`; zoo/models/convert/huggingface_bert.py maps them). Their masked-LM checkpoints have no pooler:
+it stays at its initialisation on import and is left out on export.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from torch import nn
 
 from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, TokenLayout
 from zoo.errors import CheckpointError, check_choice
-from zoo.models.bert_huggingface import (
+from zoo.models.convert.huggingface_bert import (
     architecture_of,
     bert_config_from_huggingface,
     huggingface_config,
     state_from_huggingface,
     state_to_huggingface,
 )
-from zoo.nn import Dropout, ModelConfig, transformer_stack
+from zoo.nn import BlockConfig, Dropout, ModelConfig, transformer_stack
 from zoo.nn.activations import get_activation
 from zoo.weights import read_huggingface_folder
 
@@ -138,13 +138,11 @@ class BERT(nn.Module):
         self.token_type_embedding = nn.Embedding(config.type_vocab_size, config.dim)
         self.embedding_norm = nn.LayerNorm(config.dim, eps=config.norm_eps)
         self.dropout = Dropout(config.dropout)
-        self.blocks = transformer_stack(
-            config.depth,
+        block = BlockConfig(
             config.dim,
             config.num_heads,
-            config.attention,
-            causal=False,
             mlp_dim=config.mlp_dim,
+            attention=config.attention,
             norm_first=False,  # post-norm: x = LayerNorm(x + sublayer(x)), as BERT
             dropout=config.dropout,
             activation=config.activation,
@@ -152,6 +150,7 @@ class BERT(nn.Module):
             layout=TokenLayout(max_length=config.max_length - config.first_position),
             checkpointing=config.checkpointing,
         )
+        self.blocks = transformer_stack(block, config.depth)
         self.mlm_head = MaskedLMHead(config.dim, config.vocab_size, config.activation, config.norm_eps)
         self.mlm_head.decoder.weight = self.token_embedding.weight  # tied (Press & Wolf 2017), as BERT
         self.pooler = nn.Linear(config.dim, config.dim)

@@ -8,12 +8,11 @@ contrastive loss (zoo/tasks/contrastive_loss.py).
 Both towers are built on zoo's encoder trunk (zoo/nn/encoder.py: blocks and final norm), so the attention
 group (full, local, linear, RoPE) applies to both: RoPE replaces the learned position tables (2D axial
 positions for image patches, 1D for text). `CLIP.from_huggingface` copies a `transformers` CLIPModel one to
-one; `CLIP.from_pretrained` reads one saved to disk.
+one; `CLIP.from_pretrained` reads one saved to disk (zoo/models/convert/huggingface.py maps the names).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,12 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, TokenLayout
+from zoo.models.convert import huggingface
 from zoo.models.vit import ViT, ViTConfig
 from zoo.nn import Dropout, ModelConfig
-from zoo.nn.activations import from_huggingface_activation
 from zoo.nn.blocks import set_checkpointing
 from zoo.nn.encoder import EncoderTrunk
-from zoo.weights import read_weights
 
 TEXT_POOLINGS = ("eot", "argmax")
 
@@ -223,6 +221,8 @@ class CLIP(nn.Module):
         text j are scale * image[i] @ text[j]."""
         return self.encode_image(images), self.encode_text(token_ids), self.scale()
 
+    # -- Hugging Face checkpoints (the maps: zoo/models/convert/huggingface.py) --------------------------------
+
     @classmethod
     def from_huggingface(cls, model: nn.Module, attention: AttentionConfig | dict | None = None) -> CLIP:
         """A zoo CLIP computing what a `transformers` CLIPModel computes, weights copied one to one.
@@ -230,9 +230,7 @@ class CLIP(nn.Module):
         `attention` swaps the attention of both towers (local, linear, RoPE): a change of architecture
         that keeps every weight (RoPE drops the learned position tables), to be fine-tuned afterwards."""
         state_dict = {key: value.detach() for key, value in model.state_dict().items()}
-        clip = cls(config_from_huggingface(model.config, attention))
-        load_huggingface_state_dict(clip, state_dict)
-        return clip
+        return cls._with_huggingface_weights(model.config, state_dict, attention)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, attention: AttentionConfig | dict | None = None) -> CLIP:
@@ -240,178 +238,11 @@ class CLIP(nn.Module):
         `save_pretrained` (config.json with model.safetensors or pytorch_model.bin, possibly sharded), or
         a state-dict file (`torch.save(model.state_dict())`, .safetensors too) with config.json beside it.
         Tensors are read without executing code (safetensors, or torch.load with weights_only=True)."""
-        config_file, weight_files = _locate_pretrained(Path(path))
-        clip = cls(config_from_huggingface(_read_huggingface_config(config_file), attention))
-        state_dict: dict[str, torch.Tensor] = {}
-        for file in weight_files:
-            state_dict.update(read_weights(file, "model.pretrained"))
-        load_huggingface_state_dict(clip, state_dict)
+        config, state_dict = huggingface.read_clip(path)
+        return cls._with_huggingface_weights(config, state_dict, attention)
+
+    @classmethod
+    def _with_huggingface_weights(cls, config: Any, state_dict: dict, attention: AttentionConfig | dict | None) -> CLIP:
+        clip = cls(CLIPConfig(**huggingface.clip_config(config, attention)))
+        clip.load_state_dict(huggingface.clip_state_from_huggingface(state_dict, clip.state_dict()))
         return clip
-
-
-# -- Hugging Face interop --------------------------------------------------------------------------------
-# transformers' CLIP is the same network: pre-norm blocks, quick_gelu, ln_pre ("pre_layrnorm") in the
-# image tower, the class token through post_layernorm, the end-of-text state through final_layer_norm, and
-# projections without bias. Only the names differ, and q/k/v are three matrices instead of one.
-_HF_BLOCK_NAMES = {
-    "norm1": "layer_norm1",
-    "norm2": "layer_norm2",
-    "mlp.fc1": "mlp.fc1",
-    "mlp.fc2": "mlp.fc2",
-    "self_attn.out_proj": "self_attn.out_proj",
-}
-_HF_NAMES = {
-    "image_encoder.cls_token": "vision_model.embeddings.class_embedding",
-    "image_encoder.patch_embed.weight": "vision_model.embeddings.patch_embedding.weight",
-    "image_encoder.pos_embed": "vision_model.embeddings.position_embedding.weight",
-    "image_encoder.norm_pre": "vision_model.pre_layrnorm",
-    "image_encoder.norm": "vision_model.post_layernorm",
-    "image_encoder.blocks": "vision_model.encoder.layers",
-    "text_encoder.token_embedding.weight": "text_model.embeddings.token_embedding.weight",
-    "text_encoder.pos_embed.weight": "text_model.embeddings.position_embedding.weight",
-    "text_encoder.norm": "text_model.final_layer_norm",
-    "text_encoder.blocks": "text_model.encoder.layers",
-    "image_projection.weight": "visual_projection.weight",
-    "text_projection.weight": "text_projection.weight",
-    "logit_scale": "logit_scale",
-}
-
-
-def _get(config: Any, key: str) -> Any:
-    return config[key] if isinstance(config, dict) else getattr(config, key)
-
-
-def config_from_huggingface(hf_config: Any, attention: AttentionConfig | dict | None = None) -> CLIPConfig:
-    """A zoo CLIPConfig from a `transformers` CLIPConfig (object or its to_dict())."""
-    vision, text = _get(hf_config, "vision_config"), _get(hf_config, "text_config")
-    eos = _get(text, "eos_token_id")
-    image = ViTConfig(
-        image_size=_get(vision, "image_size"),
-        patch_size=_get(vision, "patch_size"),
-        in_channels=_get(vision, "num_channels"),
-        num_classes=0,
-        dim=_get(vision, "hidden_size"),
-        depth=_get(vision, "num_hidden_layers"),
-        num_heads=_get(vision, "num_attention_heads"),
-        mlp_dim=_get(vision, "intermediate_size"),
-        pool="cls",
-        activation=from_huggingface_activation(_get(vision, "hidden_act")),
-        norm_eps=_get(vision, "layer_norm_eps"),
-        pre_norm=True,
-    )
-    text_config = TextTransformerConfig(
-        vocab_size=_get(text, "vocab_size"),
-        max_length=_get(text, "max_position_embeddings"),
-        dim=_get(text, "hidden_size"),
-        depth=_get(text, "num_hidden_layers"),
-        num_heads=_get(text, "num_attention_heads"),
-        mlp_dim=_get(text, "intermediate_size"),
-        activation=from_huggingface_activation(_get(text, "hidden_act")),
-        norm_eps=_get(text, "layer_norm_eps"),
-        # transformers keeps OpenAI's argmax rule for configs from before its eos_token_id fix (id 2).
-        pool="argmax" if eos == 2 else "eot",
-        eot_token_id=eos,
-    )
-    return CLIPConfig(
-        embed_dim=_get(hf_config, "projection_dim"),
-        image=image,
-        text=text_config,
-        attention=attention,
-        logit_scale_init=_get(hf_config, "logit_scale_init_value"),
-    )
-
-
-def huggingface_sources(zoo_key: str) -> tuple[str, ...]:
-    """The transformers CLIPModel parameter(s) behind one zoo CLIP parameter (q, k, v for in_proj)."""
-    for prefix in ("image_encoder.blocks.", "text_encoder.blocks."):
-        if zoo_key.startswith(prefix):
-            index, rest = zoo_key[len(prefix) :].split(".", 1)
-            layer = f"{_HF_NAMES[prefix[:-1]]}.{index}"
-            module, param = rest.rsplit(".", 1)
-            if module == "self_attn.in_proj":
-                return tuple(f"{layer}.self_attn.{name}_proj.{param}" for name in ("q", "k", "v"))
-            if module not in _HF_BLOCK_NAMES:
-                break
-            return (f"{layer}.{_HF_BLOCK_NAMES[module]}.{param}",)
-    if zoo_key in _HF_NAMES:
-        return (_HF_NAMES[zoo_key],)
-    module, _, param = zoo_key.rpartition(".")
-    if module in _HF_NAMES:
-        return (f"{_HF_NAMES[module]}.{param}",)
-    raise KeyError(f"no Hugging Face counterpart for CLIP parameter {zoo_key!r}")
-
-
-def load_huggingface_state_dict(model: CLIP, state_dict: dict[str, torch.Tensor]) -> None:
-    """Copy a transformers CLIPModel state dict into `model`. Position tables that RoPE replaces are
-    dropped; anything else that does not fit is one ValueError naming the missing and unexpected keys."""
-    own = model.state_dict()
-    converted, used, missing, wrong_shapes = {}, set(), [], []
-    for key, target in own.items():
-        sources = huggingface_sources(key)
-        absent = [source for source in sources if source not in state_dict]
-        if absent:
-            missing += absent
-            continue
-        value = torch.cat([state_dict[source] for source in sources]) if len(sources) > 1 else state_dict[sources[0]]
-        if value.numel() != target.numel():
-            wrong_shapes.append(f"{sources[0]} {tuple(value.shape)} vs {tuple(target.shape)}")
-            continue
-        converted[key] = value.reshape(target.shape)  # class token (D,) -> (1, 1, D), position table -> (1, N, D)
-        used.update(sources)
-    ignorable = {key for key in state_dict if key.endswith("position_ids")}  # transformers' index buffers
-    if model.image_encoder.pos_embed is None:  # RoPE replaces the learned position tables
-        ignorable.add(_HF_NAMES["image_encoder.pos_embed"])
-    if model.text_encoder.pos_embed is None:
-        ignorable.add(_HF_NAMES["text_encoder.pos_embed.weight"])
-    unexpected = sorted(set(state_dict) - used - ignorable)
-    if missing or unexpected or wrong_shapes:
-        raise ValueError(
-            "weights do not fit this CLIP: "
-            + "; ".join(
-                f"{label} ({len(keys)}) {sorted(keys)[:6]}{' ...' if len(keys) > 6 else ''}"
-                for label, keys in (
-                    ("missing keys", missing),
-                    ("unexpected keys", unexpected),
-                    ("wrong shapes", wrong_shapes),
-                )
-                if keys
-            )
-        )
-    model.load_state_dict(converted)
-
-
-def _locate_pretrained(path: Path) -> tuple[Path, list[Path]]:
-    """(config.json, weight files) for a save_pretrained folder or a state-dict file beside config.json."""
-    if path.is_dir():
-        folder = path
-        for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-            if (folder / index_name).is_file():  # a sharded checkpoint
-                shards = sorted(set(json.loads((folder / index_name).read_text())["weight_map"].values()))
-                weights = [folder / shard for shard in shards]
-                break
-        else:
-            weights = [
-                folder / name for name in ("model.safetensors", "pytorch_model.bin") if (folder / name).is_file()
-            ][:1]
-        if not weights:
-            raise FileNotFoundError(f"model.pretrained={str(path)!r} holds no model.safetensors or pytorch_model.bin")
-    elif path.is_file():
-        folder, weights = path.parent, [path]
-    else:
-        raise FileNotFoundError(f"model.pretrained={str(path)!r} does not exist")
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(
-            f"model.pretrained={str(path)!r} needs the model's config.json beside it "
-            "(transformers' save_pretrained writes it)"
-        )
-    return config_file, weights
-
-
-def _read_huggingface_config(config_file: Path) -> Any:
-    """transformers fills in the defaults that save_pretrained leaves out of config.json."""
-    try:
-        from transformers import CLIPConfig as HuggingFaceCLIPConfig
-    except ImportError:
-        raise ImportError("reading a Hugging Face CLIP config needs `pip install transformers`") from None
-    return HuggingFaceCLIPConfig.from_json_file(str(config_file))

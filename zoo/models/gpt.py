@@ -12,14 +12,13 @@ generates past block_size with its caches instead of cropping the context (the p
 
 Weights copy one to one from and to Hugging Face `GPT2LMHeadModel`, and, with the Llama family's block options
 (RMSNorm, SwiGLU, RoPE, grouped heads), `LlamaForCausalLM`, `Qwen2ForCausalLM`, `MistralForCausalLM`
-(`from_huggingface` of a model or a saved folder, `to_huggingface`; zoo/models/huggingface.py maps them).
+(`from_huggingface` of a model or a saved folder, `to_huggingface`; zoo/models/convert/huggingface.py maps them).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -27,19 +26,9 @@ from torch import nn
 
 from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, PackedDocuments, TokenLayout
 from zoo.errors import CheckpointError, check_choice
-from zoo.models.huggingface import (
-    architecture_of,
-    gpt_config_from_huggingface,
-    huggingface_config,
-    huggingface_shapes,
-    llama_family_name,
-    state_from_huggingface,
-    state_to_huggingface,
-)
+from zoo.models.convert import huggingface
 from zoo.nn import Dropout, ModelConfig, transformer_stack
-from zoo.nn.activations import from_huggingface_activation, to_huggingface_activation
-from zoo.nn.blocks import MLPS, NORMS, build_norm
-from zoo.weights import read_huggingface_folder
+from zoo.nn.blocks import MLPS, NORMS, BlockConfig, build_norm
 
 
 @dataclass
@@ -113,14 +102,12 @@ class GPT(nn.Module):
         relative = config.attention.relative_positions
         self.wpe = None if relative else LearnedPositionalEmbedding(config.n_embd, config.block_size)
         self.drop = Dropout(config.dropout)
-        self.blocks = transformer_stack(
-            config.n_layer,
-            config.n_embd,
-            config.n_head,
-            config.attention,
-            causal=True,
+        block = BlockConfig(
+            dim=config.n_embd,
+            num_heads=config.n_head,
             mlp_dim=config.mlp_dim,
-            norm_first=True,
+            attention=config.attention,
+            causal=True,
             dropout=config.dropout,
             activation=config.activation,
             bias=config.bias,
@@ -132,6 +119,7 @@ class GPT(nn.Module):
             qk_norm=config.qk_norm,
             checkpointing=config.checkpointing,
         )
+        self.blocks = transformer_stack(block, config.n_layer)
         self.ln_f = build_norm(config.norm, config.n_embd, config.norm_eps, config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
@@ -287,7 +275,7 @@ class GPT(nn.Module):
             self.train(was_training)
         return idx
 
-    # -- Hugging Face GPT-2 interop ------------------------------------------------------------------
+    # -- Hugging Face checkpoints (the maps: zoo/models/convert/huggingface.py) --------------------------------
 
     @classmethod
     def from_huggingface(cls, model: Any, attention: dict[str, Any] | None = None) -> GPT:
@@ -298,200 +286,24 @@ class GPT(nn.Module):
         A config.json that zoo cannot honour, or that does not describe the weights (a tensor missing or of
         another shape), is one CheckpointError naming the file, the field or tensor, and what would work.
         """
-        if isinstance(model, (str, Path)):
-            config, state = read_huggingface_folder(model)
-            where, config_file = repr(str(model)), str(Path(model).expanduser() / "config.json")
-        else:
-            config, state = model.config.to_dict(), model.state_dict()
-            where, config_file = "the Hugging Face model", "its config"
+        checkpoint = huggingface.read_checkpoint(model)
         try:
-            gpt2 = architecture_of(config) == "gpt2"
-            fields = _gpt2_config_from_huggingface(config) if gpt2 else gpt_config_from_huggingface(config)
-            gpt_config = GPTConfig(**fields)
+            fields = huggingface.gpt_config(checkpoint.config)
+            config = GPTConfig(**fields)
         except ValueError as error:
-            raise CheckpointError(f"{config_file}: {error}") from None
+            raise CheckpointError(f"{checkpoint.config_file}: {error}") from None
         if attention:  # another variant leaves the checkpoint's options behind (Mistral's window: local's)
-            gpt_config = GPTConfig(**{**fields, "attention": gpt_config.attention.replace(**attention)})
-        gpt = cls(gpt_config)
-        expected = _gpt2_shapes(gpt) if gpt2 else huggingface_shapes(gpt.state_dict(), gpt_config)
-        state = state if gpt2 else {llama_family_name(name): tensor for name, tensor in state.items()}
-        for name, tensor in state.items():
-            if name in expected and tuple(tensor.shape) != expected[name]:
-                raise CheckpointError(
-                    f"{config_file} does not describe the weights: {name} is {tuple(tensor.shape)} in the weights, "
-                    f"config.json implies {expected[name]}; use the config.json saved with these weights"
-                )
-        missing = [
-            name for name in expected if name not in state and not (name == "lm_head.weight" and gpt_config.tie_weights)
-        ]
-        if missing:
-            raise CheckpointError(
-                f"{where}: the weights lack {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} "
-                f"({len(missing)} of the {len(expected)} tensors config.json describes); valid: the folder as "
-                "save_pretrained wrote it"
-            )
-        state = (
-            _gpt2_state_from_huggingface(state, gpt_config.n_layer)
-            if gpt2
-            else state_from_huggingface(state, gpt_config.n_layer)
-        )
-        missing, unexpected = gpt.load_state_dict(state, strict=False)
-        missing = [name for name in missing if not (name == "lm_head.weight" and gpt.config.tie_weights)]
-        if missing or unexpected:
-            raise CheckpointError(
-                f"{where}: the Hugging Face weights do not fit the model its config describes: missing "
-                f"{missing[:4]}, unexpected {unexpected[:4]}"
-            )
-        dtype = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
-        return gpt.to(dtype)
+            config = GPTConfig(**{**fields, "attention": config.attention.replace(**attention)})
+        gpt = cls(config)
+        state = huggingface.gpt_state_from_huggingface(checkpoint, gpt.state_dict(), config)
+        gpt.load_state_dict(state, strict=False)  # a tied head is stored once, as wte.weight
+        return gpt.to(checkpoint.dtype)
 
     def to_huggingface(self) -> Any:
         """The same network as a `transformers` model: GPT2LMHeadModel for a GPT-2 shaped one (LayerNorm, GELU
         MLP, full attention, learned positions); LlamaForCausalLM, Qwen2ForCausalLM or MistralForCausalLM for
-        one with RMSNorm, a gated MLP and RoPE (see zoo.models.huggingface.huggingface_config). ValueError naming
-        what neither has."""
-        if self.config.norm == "layernorm" and self.config.mlp == "gelu":
-            return self._to_gpt2()
-        return self._to_llama_family()
-
-    def _to_llama_family(self) -> Any:
-        import transformers
-
-        config = self.config
-        architecture, fields = huggingface_config(config)
-        hf_config = getattr(transformers, architecture.replace("ForCausalLM", "Config"))(**fields)
-        model = getattr(transformers, architecture)(hf_config)
-        kv_dim = (config.attention.kv_heads or config.n_head) * (config.n_embd // config.n_head)
-        state = state_to_huggingface(self.state_dict(), config.n_layer, config.n_embd, kv_dim)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise RuntimeError(
-                f"{architecture} export left weights unmatched: missing {missing}, unexpected {unexpected}"
-            )
-        return model.to(self.wte.weight.dtype)
-
-    def _to_gpt2(self) -> Any:
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        config = self.config
-        attention = config.attention
-        differences = {
-            "attention.variant": attention.variant if attention.variant != "full" else None,
-            "attention.rope": attention.rope or None,
-            "attention.position_bias": attention.position_bias,
-            "attention.kv_heads": attention.kv_heads,
-            "bias": False if not config.bias else None,
-            "qkv_bias": config.qkv_bias if config.qkv_bias not in (None, config.bias) else None,
-            "qk_norm": config.qk_norm or None,
-        }
-        differences = {name: value for name, value in differences.items() if value is not None}
-        if differences:
-            raise ValueError(
-                "GPT-2 has full multi-head attention, learned positions, biases everywhere and no qk_norm; this "
-                f"model has {', '.join(f'{name}={value!r}' for name, value in differences.items())}"
-            )
-        hf_config = GPT2Config(
-            vocab_size=config.vocab_size,
-            n_positions=config.block_size,
-            n_embd=config.n_embd,
-            n_layer=config.n_layer,
-            n_head=config.n_head,
-            n_inner=config.mlp_dim,
-            layer_norm_epsilon=config.norm_eps,
-            activation_function=to_huggingface_activation(config.activation),
-            resid_pdrop=config.dropout,
-            embd_pdrop=config.dropout,
-            attn_pdrop=config.attention.dropout,
-            tie_word_embeddings=config.tie_weights,
-            bos_token_id=None,
-            eos_token_id=None,
-        )
-        model = GPT2LMHeadModel(hf_config)
-        source = self.state_dict()
-        state = {}
-        for hf_name, zoo_name, transpose in _huggingface_names(config.n_layer):
-            tensor = source[zoo_name]
-            state[hf_name] = tensor.t().contiguous() if transpose else tensor
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        missing = [name for name in missing if not name.endswith(".attn.bias") and not name.endswith(".masked_bias")]
-        if missing or unexpected:
-            raise RuntimeError(f"GPT-2 export left weights unmatched: missing {missing}, unexpected {unexpected}")
-        return model.to(self.wte.weight.dtype)
-
-
-# transformers' GPT2Config defaults of the fields read below, for config.json files that leave them out.
-GPT2_DEFAULTS = {"n_positions": 1024, "n_inner": None, "activation_function": "gelu_new", "resid_pdrop": 0.1,
-                 "attn_pdrop": 0.1, "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
-                 "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False}  # fmt: skip
-
-
-def _gpt2_config_from_huggingface(config: dict[str, Any]) -> dict[str, Any]:
-    """GPTConfig fields of a GPT-2 config.json."""
-    hf = {**GPT2_DEFAULTS, **config}
-    if hf["scale_attn_by_inverse_layer_idx"] or not hf["scale_attn_weights"]:
-        raise ValueError(
-            "only GPT-2 attention scaled by 1/sqrt(head_dim) is supported (scale_attn_weights=True, "
-            "scale_attn_by_inverse_layer_idx=False)"
-        )
-    return dict(
-        vocab_size=hf["vocab_size"],
-        block_size=hf["n_positions"],
-        n_layer=hf["n_layer"],
-        n_head=hf["n_head"],
-        n_embd=hf["n_embd"],
-        mlp_dim=hf["n_inner"] or 4 * hf["n_embd"],
-        dropout=hf["resid_pdrop"],
-        bias=True,
-        activation=from_huggingface_activation(hf["activation_function"]),
-        norm_eps=hf["layer_norm_epsilon"],
-        tie_weights=bool(hf["tie_word_embeddings"]),
-        attention={"dropout": hf["attn_pdrop"]},
-    )
-
-
-def _gpt2_shapes(gpt: GPT) -> dict[str, tuple[int, ...]]:
-    """The shape of every GPT-2 tensor that `gpt`'s config implies, by its transformers name."""
-    ours = gpt.state_dict()
-    shapes = {}
-    for hf_name, zoo_name, transpose in _huggingface_names(gpt.config.n_layer):
-        shape = tuple(ours[zoo_name].shape)
-        shapes[hf_name] = shape[::-1] if transpose else shape
-    return shapes
-
-
-def _gpt2_state_from_huggingface(source: dict[str, torch.Tensor], n_layer: int) -> dict[str, torch.Tensor]:
-    """zoo state dict of a GPT-2 state dict. GPT-2 keeps Conv1D weights as (in, out); nn.Linear wants (out, in),
-    hence the transposes."""
-    state = {}
-    for hf_name, zoo_name, transpose in _huggingface_names(n_layer):
-        if hf_name in source:  # lm_head.weight: absent when tied and stored once
-            tensor = source[hf_name]
-            state[zoo_name] = tensor.t() if transpose else tensor
-    return state
-
-
-def _huggingface_names(n_layer: int) -> list[tuple[str, str, bool]]:
-    """(GPT-2 name, zoo name, transpose) for every weight; c_attn's columns are q, k, v as in in_proj's rows."""
-    names = [
-        ("transformer.wte.weight", "wte.weight", False),
-        ("transformer.wpe.weight", "wpe.weight", False),
-        ("transformer.ln_f.weight", "ln_f.weight", False),
-        ("transformer.ln_f.bias", "ln_f.bias", False),
-        ("lm_head.weight", "lm_head.weight", False),
-    ]
-    per_block = [
-        ("ln_1", "norm1", False),
-        ("attn.c_attn", "self_attn.in_proj", True),
-        ("attn.c_proj", "self_attn.out_proj", True),
-        ("ln_2", "norm2", False),
-        ("mlp.c_fc", "mlp.fc1", True),
-        ("mlp.c_proj", "mlp.fc2", True),
-    ]
-    for i in range(n_layer):
-        for hf, zoo, transpose in per_block:
-            names.append((f"transformer.h.{i}.{hf}.weight", f"blocks.{i}.{zoo}.weight", transpose))
-            names.append((f"transformer.h.{i}.{hf}.bias", f"blocks.{i}.{zoo}.bias", False))
-    return names
+        one with RMSNorm, a gated MLP and RoPE. ValueError naming what neither has."""
+        return huggingface.gpt_to_huggingface(self.config, self.state_dict()).to(self.wte.weight.dtype)
 
 
 @dataclass

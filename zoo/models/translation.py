@@ -17,7 +17,7 @@ keys/values and the encoder keys/values computed once.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.attention import AttentionConfig, LearnedPositionalEmbedding, SinusoidalPositionalEmbedding, TokenLayout
-from zoo.nn import Dropout, ModelConfig, transformer_stack
+from zoo.nn import BlockConfig, Dropout, ModelConfig, transformer_stack
 
 # Tables added to the embeddings (sinusoidal, learned) or positions inside attention (rope, alibi, t5).
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "t5")
@@ -139,26 +139,22 @@ class TranslationTransformer(nn.Module):
             self.source_positions = self.target_positions = None
         self.dropout = Dropout(c.dropout)
 
-        def stack(depth: int, decoder: bool) -> nn.ModuleList:
-            return transformer_stack(
-                depth,
-                c.dim,
-                c.num_heads,
-                c.attention if decoder else c.encoder_self_attention(),
-                causal=decoder,
-                mlp_dim=c.mlp_dim,
-                cross_attention=decoder,
-                cross_attention_variant=c.cross_attention,
-                norm_first=c.norm_first,
-                dropout=c.dropout,
-                activation=c.activation,
-                norm_eps=c.norm_eps,
-                layout=TokenLayout(max_length=c.max_length),
-                checkpointing=c.checkpointing,
-            )
-
-        self.encoder = stack(c.encoder_layers, decoder=False)
-        self.decoder = stack(c.decoder_layers, decoder=True)
+        encoder_block = BlockConfig(
+            dim=c.dim,
+            num_heads=c.num_heads,
+            mlp_dim=c.mlp_dim,
+            attention=c.encoder_self_attention(),
+            norm_first=c.norm_first,
+            dropout=c.dropout,
+            activation=c.activation,
+            norm_eps=c.norm_eps,
+            layout=TokenLayout(max_length=c.max_length),
+            checkpointing=c.checkpointing,
+        )
+        # The decoder's blocks: causal self-attention with the decoder's options, then cross-attention.
+        decoder_block = replace(encoder_block, attention=c.attention, causal=True, cross_attention=c.cross_attention)
+        self.encoder = transformer_stack(encoder_block, c.encoder_layers)
+        self.decoder = transformer_stack(decoder_block, c.decoder_layers)
         # Pre-norm stacks end un-normalised; post-norm ones already end in a LayerNorm.
         self.encoder_norm = nn.LayerNorm(c.dim, eps=c.norm_eps) if c.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(c.dim, eps=c.norm_eps) if c.norm_first else nn.Identity()

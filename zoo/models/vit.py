@@ -23,6 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.attention import AttentionConfig, TokenLayout
+from zoo.models.convert.torchvision import (
+    is_torchvision_vit,
+    vit_architecture,
+    vit_state_from_torchvision,
+    vit_trunk_from_torchvision,
+)
 from zoo.nn import Dropout, ModelConfig
 from zoo.nn.encoder import POOLINGS, EncoderTrunk, pool_tokens
 from zoo.weights import read_weights
@@ -194,6 +200,24 @@ class ViT(EncoderTrunk):
         """(B, C, H, W) -> logits (B, num_classes), or pooled features if num_classes == 0."""
         return self.forward_head(self.forward_features(images))
 
+    @classmethod
+    def from_torchvision(
+        cls, reference: nn.Module, image_size: int | None = None, num_classes: int | None = None, **overrides: Any
+    ) -> ViT:
+        """A zoo ViT equal to a torchvision `VisionTransformer` (any size); optionally at another image
+        size (positions resampled) or class count (new head). `overrides` set other ViTConfig fields,
+        e.g. attention={"variant": "linear"} (a change of architecture: fine-tune afterwards). The names are
+        mapped in zoo/models/convert/torchvision.py."""
+        state_dict = {k: v.detach() for k, v in reference.state_dict().items()}
+        arch = vit_architecture(state_dict)
+        arch["num_heads"] = reference.encoder.layers[0].self_attention.num_heads
+        arch["image_size"] = image_size or reference.image_size
+        head = state_dict.get("heads.head.weight")
+        arch["num_classes"] = num_classes if num_classes is not None else (head.shape[0] if head is not None else 0)
+        model = cls(ViTConfig(**{**arch, "norm_eps": 1e-6, "activation": "gelu", "pool": "cls", **overrides}))
+        load_reference_weights(model, vit_state_from_torchvision(state_dict))
+        return model
+
 
 def attention_rollout(weights: list[torch.Tensor], residual: bool = True) -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema 2020, eq. 1): how much each token's final state draws on each input
@@ -229,76 +253,6 @@ def resample_position_embedding(pos_embed: torch.Tensor, new_grid: int, num_pref
     grid_tokens = F.interpolate(grid_tokens.float(), size=(new_grid, new_grid), mode="bicubic", align_corners=False)
     grid_tokens = grid_tokens.permute(0, 2, 3, 1).reshape(1, new_grid * new_grid, dim).to(pos_embed.dtype)
     return torch.cat([prefix, grid_tokens], dim=1)
-
-
-# -- torchvision interop -------------------------------------------------------------------------
-# torchvision.models.VisionTransformer and zoo's ViT are the same network (pre-norm blocks, class
-# token, learned positions, LayerNorm eps 1e-6); only the parameter names differ.
-_TORCHVISION_RENAMES = (
-    ("class_token", "cls_token"),
-    ("conv_proj.", "patch_embed."),
-    ("encoder.pos_embedding", "pos_embed"),
-    ("encoder.ln.", "norm."),
-    ("heads.head.", "head."),
-    (".ln_1.", ".norm1."),
-    (".ln_2.", ".norm2."),
-    (".self_attention.in_proj_weight", ".self_attn.in_proj.weight"),
-    (".self_attention.in_proj_bias", ".self_attn.in_proj.bias"),
-    (".self_attention.out_proj.", ".self_attn.out_proj."),
-    (".mlp.0.", ".mlp.fc1."),
-    (".mlp.3.", ".mlp.fc2."),
-    ("encoder.layers.encoder_layer_", "blocks."),
-)
-
-# Heads of torchvision's named sizes (the head count is not recoverable from weights alone).
-_TORCHVISION_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
-
-
-def convert_torchvision_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """torchvision VisionTransformer parameter names -> zoo ViT names."""
-    if any(key.startswith("heads.pre_logits") for key in state_dict):
-        raise ValueError("torchvision ViTs with a representation_size (pre_logits) layer are not supported")
-    converted = {}
-    for key, value in state_dict.items():
-        for old, new in _TORCHVISION_RENAMES:
-            key = key.replace(old, new)
-        converted[key] = value
-    return converted
-
-
-def torchvision_architecture(state_dict: dict[str, torch.Tensor]) -> dict[str, int | str | None]:
-    """dim, depth, mlp_dim, patch_size, num_heads, in_channels and image_size read off torchvision weights (and
-    their stem: a patch embedding).
-    num_heads is known only for torchvision's named widths (None otherwise: weights do not record it)."""
-    dim, in_channels, patch_size, _ = state_dict["conv_proj.weight"].shape
-    depth = len({key.split(".")[2] for key in state_dict if key.startswith("encoder.layers.")})
-    grid = round((state_dict["encoder.pos_embedding"].shape[1] - 1) ** 0.5)
-    return {
-        "dim": dim,
-        "depth": depth,
-        "mlp_dim": state_dict["encoder.layers.encoder_layer_0.mlp.0.weight"].shape[0],
-        "patch_size": patch_size,
-        "num_heads": _TORCHVISION_HEADS.get(dim),
-        "in_channels": in_channels,
-        "image_size": grid * patch_size,
-        "stem": "patch",
-    }
-
-
-def adapt_patch_embedding(state_dict: dict[str, torch.Tensor], in_channels: int) -> tuple[dict, list[str]]:
-    """RGB patch-embedding weights for grayscale images: summed over the colour channels (as timm's
-    adapt_input_conv), so a gray image gives what the RGB network gives for that image in all three channels.
-    Other channel changes are refused."""
-    weight = state_dict["conv_proj.weight"]  # (dim, C, patch, patch)
-    if weight.shape[1] == in_channels:
-        return state_dict, []
-    if in_channels != 1:
-        raise ValueError(
-            f"model.pretrained has {weight.shape[1]}-channel patch weights, but the data has {in_channels} "
-            "channels (data.in_channels); valid: data of the same channels, or 1 (the colour weights are summed)"
-        )
-    adapted = {**state_dict, "conv_proj.weight": weight.sum(dim=1, keepdim=True)}
-    return adapted, [f"summed the {weight.shape[1]}-channel patch-embedding weights for 1-channel images"]
 
 
 def load_reference_weights(model: ViT, state_dict: dict[str, torch.Tensor]) -> list[str]:
@@ -346,26 +300,6 @@ def load_reference_weights(model: ViT, state_dict: dict[str, torch.Tensor]) -> l
     return notes
 
 
-def vit_from_torchvision(
-    reference: nn.Module, image_size: int | None = None, num_classes: int | None = None, **overrides: Any
-) -> ViT:
-    """A zoo ViT equal to a torchvision `VisionTransformer` (any size); optionally at another image
-    size (positions resampled) or class count (new head). `overrides` set other ViTConfig fields,
-    e.g. attention={"variant": "linear"} (a change of architecture: fine-tune afterwards)."""
-    state_dict = {k: v.detach() for k, v in reference.state_dict().items()}
-    arch = torchvision_architecture(state_dict)
-    arch["num_heads"] = reference.encoder.layers[0].self_attention.num_heads
-    arch["image_size"] = image_size or reference.image_size
-    head = state_dict.get("heads.head.weight")
-    arch["num_classes"] = num_classes if num_classes is not None else (head.shape[0] if head is not None else 0)
-    model = ViT(ViTConfig(**{**arch, "norm_eps": 1e-6, "activation": "gelu", "pool": "cls", **overrides}))
-    load_reference_weights(model, convert_torchvision_state_dict(state_dict))
-    return model
-
-
-ViT.from_torchvision = staticmethod(vit_from_torchvision)
-
-
 def vit_from_pretrained(path: str, config: ViTConfig) -> tuple[ViT, list[str]]:
     """Build a ViT for `config` from a torchvision state dict or a zoo checkpoint at `path`.
 
@@ -374,29 +308,12 @@ def vit_from_pretrained(path: str, config: ViTConfig) -> tuple[ViT, list[str]]:
     grayscale data), classes, pooling, attention and regularisation of the new task."""
     state_dict = read_weights(path, "model.pretrained")
     notes = []
-    if "conv_proj.weight" in state_dict:
-        arch = torchvision_architecture(state_dict)
-        arch.pop("image_size")
-        state_dict, adapted = adapt_patch_embedding(state_dict, config.in_channels)
-        notes += adapted
-        arch["in_channels"] = config.in_channels
-        if arch["num_heads"] is None:  # not one of torchvision's sizes: the head count is the config's
-            if arch["dim"] % config.num_heads:
-                raise ValueError(
-                    f"model.pretrained has width {arch['dim']}, not one of torchvision's named sizes, so its head "
-                    f"count is unknown, and model.net.num_heads={config.num_heads} does not divide it; set "
-                    "model.net.num_heads to the head count the weights were trained with"
-                )
-            arch["num_heads"] = config.num_heads
-            notes.append(
-                f"width {arch['dim']} is not a torchvision size: num_heads={config.num_heads} from model.net.num_heads "
-                "(it must be the head count the weights were trained with)"
-            )
+    if is_torchvision_vit(state_dict):
+        arch, state_dict, notes = vit_trunk_from_torchvision(state_dict, config)
         changed = {k: v for k, v in arch.items() if getattr(config, k) != v}
         if changed:
             notes.append(f"architecture from the pretrained weights: {changed}")
             config = ViTConfig.from_dict({**config.to_dict(), **arch})
-        state_dict = convert_torchvision_state_dict(state_dict)
     model = ViT(config)
     notes += load_reference_weights(model, state_dict)
     return model, notes

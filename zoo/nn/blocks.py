@@ -4,13 +4,15 @@ One block serves encoder (self-attention + MLP), decoder (masked self-attention 
 + MLP), pre-norm (GPT, ViT, CLIP) and post-norm (Vaswani et al. 2017) alike; its attention always
 comes from zoo.attention. The Llama family's choices are options of the same block: RMSNorm for LayerNorm,
 a gated MLP (SwiGLU, GeGLU) for the GELU one, biases per projection, RMSNorm of queries and keys. Models
-build their stacks of blocks with `transformer_stack`, which gives all blocks of a stack one position bias
-when the attention config shares it (T5), so that no model needs to know about biases.
+build their stacks with `transformer_stack` from one `BlockConfig` (what the blocks of a stack share), which gives
+all blocks of a stack one position bias when the attention config shares it (T5), so that no model needs to know
+about biases.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -109,28 +111,25 @@ class DropPath(nn.Module):
         return f"p={self.p}"
 
 
-class TransformerBlock(nn.Module):
-    """Residual block: self-attention, optional cross-attention, MLP; pre- or post-norm.
-
-    Submodule names and dropout placement follow torch.nn.TransformerEncoderLayer /
-    TransformerDecoderLayer so that the two compute the same function with copied weights.
+@dataclass(frozen=True)
+class BlockConfig:
+    """What the blocks of one stack share: one object instead of a long list of arguments, built once per stack by
+    the model from its own config.
 
     Args:
         dim: model width (embedding size of each token).
         num_heads: attention heads (query heads; key/value heads come from `attention.kv_heads`).
         mlp_dim: hidden width of the MLP (None: mlp_hidden_dim's rule: 4 * dim, or 8/3 * dim for gated MLPs).
-        attention: the self-attention's variant and options (None: full attention's defaults).
+        attention: the self-attention's variant and options.
         causal: each token attends to earlier positions only (decoders).
-        cross_attention: add a cross-attention sublayer over an encoder's memory (`context` in forward).
-        cross_attention_variant: the cross-attention's variant (it attends to the whole memory).
+        cross_attention: the variant of a cross-attention sublayer over an encoder's memory (`context` in forward;
+            it attends to the whole memory); None: no cross-attention.
         norm_first: pre-norm (LayerNorm before each sublayer) or post-norm (after the residual add).
         dropout: dropout after each sublayer and inside the MLP.
-        drop_path: stochastic depth, the probability of skipping a sublayer's residual branch per sample.
         activation: the MLP's activation (zoo/nn/activations.py).
         bias: biases in the linear layers and norms.
         norm_eps: the norms' epsilon.
         layout: the token layout (sequence or patch grid with prefix tokens) for positions and patterns.
-        shared_bias: a position-bias module shared by all blocks (e.g. T5's table), or None.
         norm: layernorm | rmsnorm (every norm of the block).
         mlp: gelu (ungated, with `activation`) | swiglu | geglu.
         qkv_bias: biases of the q/k/v projection alone (Qwen2); None: as `bias`.
@@ -138,57 +137,70 @@ class TransformerBlock(nn.Module):
         checkpointing: recompute the block in the backward instead of keeping its activations (training only).
     """
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        mlp_dim: int | None = None,
-        attention: AttentionConfig | None = None,
-        causal: bool = False,
-        cross_attention: bool = False,
-        cross_attention_variant: str = "full",
-        norm_first: bool = True,
-        dropout: float = 0.0,
-        drop_path: float = 0.0,
-        activation: str = "gelu",
-        bias: bool = True,
-        norm_eps: float = 1e-5,
-        layout: TokenLayout | None = None,
-        shared_bias: nn.Module | None = None,
-        norm: str = "layernorm",
-        mlp: str = "gelu",
-        qkv_bias: bool | None = None,
-        qk_norm: bool = False,
-        checkpointing: bool = False,
-    ) -> None:
+    dim: int
+    num_heads: int
+    mlp_dim: int | None = None
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    causal: bool = False
+    cross_attention: str | None = None
+    norm_first: bool = True
+    dropout: float = 0.0
+    activation: str = "gelu"
+    bias: bool = True
+    norm_eps: float = 1e-5
+    layout: TokenLayout | None = None
+    norm: str = "layernorm"
+    mlp: str = "gelu"
+    qkv_bias: bool | None = None
+    qk_norm: bool = False
+    checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        check_choice("norm", self.norm, NORMS)
+        check_choice("mlp", self.mlp, MLPS)
+
+
+class TransformerBlock(nn.Module):
+    """Residual block: self-attention, optional cross-attention, MLP; pre- or post-norm.
+
+    Submodule names and dropout placement follow torch.nn.TransformerEncoderLayer /
+    TransformerDecoderLayer so that the two compute the same function with copied weights.
+
+    Args:
+        config: what the blocks of the stack share (BlockConfig).
+        drop_path: stochastic depth, the probability of skipping a sublayer's residual branch per sample (it
+            rises over the blocks of a stack).
+        shared_bias: a position-bias module shared by all blocks of the stack (e.g. T5's table), or None.
+    """
+
+    def __init__(self, config: BlockConfig, drop_path: float = 0.0, shared_bias: nn.Module | None = None) -> None:
         super().__init__()
-        attention = attention or AttentionConfig()
-        check_choice("norm", norm, NORMS)
-        check_choice("mlp", mlp, MLPS)
-        self.norm_first = norm_first
-        self.checkpointing = checkpointing
+        c = config
+        self.config = config
+        self.norm_first = c.norm_first
+        self.checkpointing = c.checkpointing  # set_checkpointing switches it on a built model
         self.self_attn = MultiHeadAttention(
-            dim, num_heads, attention, causal=causal, bias=bias, layout=layout, shared_bias=shared_bias,
-            qkv_bias=qkv_bias, qk_norm=qk_norm, norm_eps=norm_eps,
+            c.dim, c.num_heads, c.attention, causal=c.causal, bias=c.bias, layout=c.layout, shared_bias=shared_bias,
+            qkv_bias=c.qkv_bias, qk_norm=c.qk_norm, norm_eps=c.norm_eps,
         )  # fmt: skip
-        self.norm1 = build_norm(norm, dim, norm_eps, bias)
-        self.dropout1 = Dropout(dropout)
+        self.norm1 = build_norm(c.norm, c.dim, c.norm_eps, c.bias)
+        self.dropout1 = Dropout(c.dropout)
         self.cross_attn = None
-        if cross_attention:
+        if c.cross_attention is not None:
             # The encoder's memory is attended to as a whole: no positions, none of the self-attention's options;
             # its key/value heads are grouped as the self-attention's.
             cross = AttentionConfig(
-                variant=cross_attention_variant, dropout=attention.dropout, kv_heads=attention.kv_heads
+                variant=c.cross_attention, dropout=c.attention.dropout, kv_heads=c.attention.kv_heads
             )
             self.cross_attn = MultiHeadAttention(
-                dim, num_heads, cross, bias=bias, qkv_bias=qkv_bias, qk_norm=qk_norm, norm_eps=norm_eps,
+                c.dim, c.num_heads, cross, bias=c.bias, qkv_bias=c.qkv_bias, qk_norm=c.qk_norm, norm_eps=c.norm_eps,
                 cross_attention=True,
             )  # fmt: skip
-            self.norm_cross = build_norm(norm, dim, norm_eps, bias)
-            self.dropout_cross = Dropout(dropout)
-        self.mlp = build_mlp(mlp, dim, mlp_dim, activation, dropout, bias)
-        self.norm2 = build_norm(norm, dim, norm_eps, bias)
-        self.dropout2 = Dropout(dropout)
+            self.norm_cross = build_norm(c.norm, c.dim, c.norm_eps, c.bias)
+            self.dropout_cross = Dropout(c.dropout)
+        self.mlp = build_mlp(c.mlp, c.dim, c.mlp_dim, c.activation, c.dropout, c.bias)
+        self.norm2 = build_norm(c.norm, c.dim, c.norm_eps, c.bias)
+        self.dropout2 = Dropout(c.dropout)
         self.drop_path = DropPath(drop_path)
 
     def new_cache(self) -> dict[str, Any]:
@@ -285,27 +297,13 @@ def set_checkpointing(model: nn.Module, enabled: bool = True) -> nn.Module:
     return model
 
 
-def transformer_stack(
-    depth: int,
-    dim: int,
-    num_heads: int,
-    attention: AttentionConfig | None = None,
-    *,
-    causal: bool = False,
-    drop_path: float | Sequence[float] = 0.0,
-    **block_options: Any,
-) -> nn.ModuleList:
-    """`depth` TransformerBlocks forming one stack (an encoder, a decoder); block_options are the blocks' other
-    arguments. drop_path is one rate for all blocks or one per block. With attention.share_bias (T5) every
-    block gets the same position bias module, built here once."""
-    attention = attention or AttentionConfig()
+def transformer_stack(config: BlockConfig, depth: int, drop_path: float | Sequence[float] = 0.0) -> nn.ModuleList:
+    """`depth` TransformerBlocks of one config forming one stack (an encoder, a decoder). drop_path is one rate for
+    all blocks or one per block. With attention.share_bias (T5) every block gets the same position bias module,
+    built here once."""
     rates = [drop_path] * depth if isinstance(drop_path, (int, float)) else list(drop_path)
     if len(rates) != depth:
         raise ValueError(f"drop_path needs one rate per block ({depth}), got {len(rates)}")
-    shared = attention.build_position_bias(num_heads, causal) if attention.share_bias else None
-    return nn.ModuleList(
-        TransformerBlock(
-            dim, num_heads, attention=attention, causal=causal, drop_path=rate, shared_bias=shared, **block_options
-        )
-        for rate in rates
-    )
+    attention = config.attention
+    shared = attention.build_position_bias(config.num_heads, config.causal) if attention.share_bias else None
+    return nn.ModuleList(TransformerBlock(config, drop_path=rate, shared_bias=shared) for rate in rates)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from zoo.attention import PackedDocuments, TokenLayout
-from zoo.nn.blocks import transformer_stack
+from zoo.nn.blocks import BlockConfig, transformer_stack
 
 POOLINGS = ("cls", "mean")
 
@@ -46,14 +46,12 @@ class EncoderTrunk(nn.Module):
         default 0: none, the pooled features are the output). The final LayerNorm has a bias unless
         norm_bias=False (timm's and torchvision's ViTs keep it whatever the blocks do)."""
         drop_rates = torch.linspace(0, getattr(config, "drop_path", 0.0), config.depth).tolist()
-        self.blocks = transformer_stack(
-            config.depth,
-            config.dim,
-            config.num_heads,
-            config.attention,
-            causal=causal,
-            drop_path=drop_rates,
+        block = BlockConfig(
+            dim=config.dim,
+            num_heads=config.num_heads,
             mlp_dim=config.mlp_dim,
+            attention=config.attention,
+            causal=causal,
             dropout=config.dropout,
             activation=config.activation,
             bias=config.bias,
@@ -62,6 +60,7 @@ class EncoderTrunk(nn.Module):
             norm_first=True,
             checkpointing=getattr(config, "checkpointing", False),
         )
+        self.blocks = transformer_stack(block, config.depth, drop_path=drop_rates)
         self.norm = nn.LayerNorm(config.dim, eps=config.norm_eps, bias=norm_bias)
         num_classes = getattr(config, "num_classes", 0)
         self.head = nn.Linear(config.dim, num_classes) if num_classes > 0 else nn.Identity()

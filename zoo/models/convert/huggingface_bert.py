@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from zoo.nn.activations import from_huggingface_activation, to_huggingface_activation
+from zoo.models.convert.huggingface import from_huggingface_activation, to_huggingface_activation
 
 ARCHITECTURES = {"BertForMaskedLM": "bert", "RobertaForMaskedLM": "roberta"}
 # transformers' defaults of the fields zoo reads, for config.json files that leave them out.
