@@ -374,13 +374,16 @@ def mode_of(args: argparse.Namespace) -> str:
     return "reuse" if args.reuse else "resume" if args.resume else "run"
 
 
-def recorded(path: Path | None, mode: str) -> dict | None:
-    """The ledger's record to show instead of running the job: any with --reuse; with --resume any but a one-line
-    error (redone: it ends in seconds, and the code may run that row now)."""
+def without_running(job: Job, path: Path | None, mode: str) -> dict | None:
+    """A job's record where it runs nothing, else None: the ledger's (any with --reuse; with --resume any but a
+    one-line error, redone: it ends in seconds, and the code may run that row now), the one-line reason its row stops
+    short of the task's length (SPEED_LONGEST), "not run" with --reuse, or its missing data."""
     found = read_record(path) if mode != "run" else None
-    if found is None or (mode == "resume" and found["status"] == "error"):
-        return None
-    return {**found, "reused": True}
+    if found is not None and (mode == "reuse" or found["status"] != "error"):
+        return {**found, "reused": True}
+    if reason := beyond_longest(job.row, job.task.length, "run"):
+        return {"status": "error", "reason": reason}
+    return dict(NOT_RUN) if mode == "reuse" else skipped(job.task)
 
 
 @contextlib.contextmanager
@@ -426,8 +429,10 @@ def run_in_process(arguments: list[str], log: Path) -> int:
     return code
 
 
-def run_in_folder(folder: Path, arguments: list[str]) -> tuple[int, Path]:
-    """run_in_process with its log in a fresh `folder` (one already there is kept aside, not deleted)."""
+def run_in_folder(folder: Path, arguments: list[str], label: str) -> tuple[int, Path]:
+    """run_in_process with its log in a fresh `folder` (one already there is kept aside, not deleted), announced on
+    the console as `label`."""
+    print(f"{label} ...", end=" ", flush=True)
     if folder.exists():
         folder.rename(folder.with_name(f"{folder.name}.old-{datetime.now():%Y%m%d-%H%M%S}"))
     folder.mkdir(parents=True)
@@ -446,21 +451,21 @@ def now() -> str:
     return datetime.now().strftime("%Y-%m-%d %H:%M")
 
 
+def kept(path: Path | None, result: dict) -> dict:
+    """`result`, written to the ledger where it ends with a number or a one-line error (a failure is run again)."""
+    if result["status"] in ("ok", "error"):
+        write_record(path, result)
+    return result
+
+
 def run_job(job: Job, ledger: Path | None = None, mode: str = "run", machine_name: str = "") -> dict:
     """One job's record: the ledger's where `mode` takes it (recorded), else the job run now ("not run" with
     --reuse). One that ends with a number or a one-line error goes to the ledger; a failure does not."""
     path = ledger_file(ledger, job)
-    if (found := recorded(path, mode)) is not None:
-        return found
-    if reason := beyond_longest(job.row, job.task.length, "run"):
-        return {"status": "error", "reason": reason}
-    if mode == "reuse":
-        return dict(NOT_RUN)
-    if missing := skipped(job.task):
-        return missing
-    print(f"{job.task.key} / {job.row.name} / seed {job.seed} ...", end=" ", flush=True)
+    if (settled := without_running(job, path, mode)) is not None:
+        return settled
     start = time.perf_counter()
-    code, log = run_in_folder(job.folder, job.arguments)
+    code, log = run_in_folder(job.folder, job.arguments, f"{job.task.key} / {job.row.name} / seed {job.seed}")
     wall = time.perf_counter() - start
     metrics_file = job.folder / "metrics.json"
     if code == 0 and metrics_file.is_file():
@@ -474,9 +479,7 @@ def run_job(job: Job, ledger: Path | None = None, mode: str = "run", machine_nam
                   command="python run.py " + " ".join(job.arguments))  # fmt: skip
     outcome = fmt(result.get("value"), job.task.digits) if result["status"] == "ok" else result["reason"]
     print(f"{result['status']} {outcome} ({wall:.0f} s)", flush=True)
-    if result["status"] in ("ok", "error"):
-        write_record(path, result)
-    return result
+    return kept(path, result)
 
 
 def run_as(job: Job, plain: Job, args: argparse.Namespace, done: dict[Path, dict]) -> dict:
@@ -484,15 +487,11 @@ def run_as(job: Job, plain: Job, args: argparse.Namespace, done: dict[Path, dict
     --reuse or --resume takes it; else a one-batch run of the row (its one-line error if it cannot run the task),
     then `plain`'s record (`done` in this study, else run or taken now), kept as the row's own."""
     path, mode = ledger_file(args.ledger, job), mode_of(args)
-    if (found := recorded(path, mode)) is not None:
-        return found
-    if mode == "reuse":
-        return dict(NOT_RUN)
-    if missing := skipped(job.task):
-        return missing
-    print(f"{job.task.key} / {job.row.name} / seed {job.seed}: one batch ...", end=" ", flush=True)
+    if (settled := without_running(job, path, mode)) is not None:
+        return settled
     check = Job(job.task, job.row, job.seed, job.folder / "one_batch")
-    code, log = run_in_folder(job.folder, [*check.arguments, "trainer.fast_dev_run=true"])
+    label = f"{job.task.key} / {job.row.name} / seed {job.seed}: one batch"
+    code, log = run_in_folder(job.folder, [*check.arguments, "trainer.fast_dev_run=true"], label)
     if code != 0:
         result = {**unfinished(code, log), "seed": job.seed, "command": "python run.py " + " ".join(check.arguments)}
         print(f"{result['status']} {result['reason']}", flush=True)
@@ -501,9 +500,7 @@ def run_as(job: Job, plain: Job, args: argparse.Namespace, done: dict[Path, dict
         if plain.folder not in done:
             done[plain.folder] = run_job(plain, args.ledger, mode, args.machine_name)
         result = {**{k: v for k, v in done[plain.folder].items() if k != "reused"}, "trained_as": plain.folder.name}
-    if result["status"] in ("ok", "error"):
-        write_record(path, result)
-    return result
+    return kept(path, result)
 
 
 def plain_row(rows: list[Row]) -> Row:
@@ -605,9 +602,7 @@ def longer_block(job: Job, result: dict, args: argparse.Namespace) -> dict:
     except Exception as error:  # a bug in this evaluation must not end the study
         outcome = {"status": "failed", "reason": f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"}
     outcome["wall_s"] = round(time.perf_counter() - start, 1)
-    if outcome["status"] in ("ok", "error"):
-        write_record(path, outcome)
-    return outcome
+    return kept(path, outcome)
 
 
 # -- the class prior ------------------------------------------------------------------------------------------
@@ -770,8 +765,8 @@ def probe_cost(task: Task, row: Row, args: argparse.Namespace) -> dict:
         return {"status": "error", "reason": reason}
     seed0 = job_folder(args.runs_dir / ("quick" if args.quick else "full"), task, row, 0)
     job = Job(task, row, 0, seed0.with_name(seed0.name.replace("-seed0", "-cost")))
-    print(f"{task.key} / {row.name} / cost ...", end=" ", flush=True)
-    code, log = run_in_folder(job.folder, cost_arguments(job, out := job.folder / "step_cost.json"))
+    code, log = run_in_folder(job.folder, cost_arguments(job, out := job.folder / "step_cost.json"),
+                              f"{task.key} / {row.name} / cost")  # fmt: skip
     if code == 0 and out.is_file():
         result = {"status": "ok", **json.loads(out.read_text())}
         shown = f"{fmt(result['step_ms'], 0)} ms/step, {fmt(result['peak_mib'], 1)} MiB"
