@@ -26,7 +26,8 @@ The ledger, <results>/variant_study_runs/ (committed with the page), holds every
 one-line error (<task>/<row>-seed<n>.json, the 4x evaluation beside it as .extrapolation.json) and the study's
 own measurements (speed.json, cost.json, prior.json). --resume takes jobs from it, so the study runs a few rows or
 tasks at a time; --reuse writes the page, experiments/results/variant_study.{md,json,png}, from it alone. Job
-folders: outputs/variant_study/<quick|full>/<task>/<row>-seed<n>/.
+folders: outputs/variant_study/<quick|full>/<task>/<row>-seed<n>/. The page's words (how to read a cell, the method,
+the anchors) are experiments/variant_study_page.md's; this file computes its tables, verdicts and figure.
 """
 
 from __future__ import annotations
