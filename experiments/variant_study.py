@@ -702,18 +702,6 @@ def step_times(rows: list[Row], quick: bool, shapes: dict[int, tuple[int, int | 
             "lengths": list(shapes), "rows": results}  # fmt: skip
 
 
-def ledger_table(args: argparse.Namespace, name: str, measure: Callable[[], dict], merge) -> dict | None:
-    """A record of the ledger's own (speed.json, prior.json): with --reuse read as it is (None when absent); else
-    measured now, merged into what the ledger holds (`merge(old, new)`) and written back."""
-    path = args.ledger / name if args.ledger is not None else None
-    old = read_record(path)
-    if args.reuse:
-        return old
-    new = measure()
-    write_record(path, merged := merge(old, new) if old else new)
-    return merged
-
-
 EMPTY_SPEED = {"batch": 0, "steps": 0, "rounds": 0, "threads": 0, "lengths": [], "rows": {}}
 
 
@@ -724,26 +712,28 @@ def int_keys(speed: dict) -> dict:
 
 
 def speed_of(args: argparse.Namespace, rows: list[Row]) -> dict:
-    """step_times of `rows`, each stamped with its date and machine, kept in the ledger's speed.json."""
-
-    def measure() -> dict:
+    """step_times of `rows`, each stamped with its date and machine, merged into the ledger's speed.json (--reuse:
+    the ledger's alone)."""
+    path = args.ledger and args.ledger / "speed.json"
+    speed = old = int_keys(found) if (found := read_record(path)) else None
+    if not args.reuse:
         speed = step_times(rows, args.quick)
         for result in (r for by_n in speed["rows"].values() for r in by_n.values()):
             result.update(date=now(), machine=args.machine_name)
-        return speed
-
-    def merge(old: dict, new: dict) -> dict:
-        old = int_keys(old)
-        return {**new, "lengths": sorted({*old["lengths"], *new["lengths"]}), "rows": {**old["rows"], **new["rows"]}}
-
-    speed = int_keys(found) if (found := ledger_table(args, "speed.json", measure, merge)) else EMPTY_SPEED
+        if old:
+            speed.update(lengths=sorted({*old["lengths"], *speed["lengths"]}), rows={**old["rows"], **speed["rows"]})
+        write_record(path, speed)
+    speed = speed or EMPTY_SPEED
     return {**speed, "rows": {row.name: speed["rows"][row.name] for row in rows if row.name in speed["rows"]}}
 
 
 def prior_of(args: argparse.Namespace, columns: list[Task]) -> dict:
-    """priors() of the columns, kept in the ledger's prior.json."""
-    folder = args.runs_dir / ("quick" if args.quick else "full") / "prior"
-    found = ledger_table(args, "prior.json", lambda: priors(columns, folder), lambda old, new: {**old, **new}) or {}
+    """priors() of the columns, merged into the ledger's prior.json (--reuse: the ledger's alone)."""
+    path = args.ledger and args.ledger / "prior.json"
+    found = read_record(path) or {}
+    if not args.reuse:
+        found.update(priors(columns, args.runs_dir / ("quick" if args.quick else "full") / "prior"))
+        write_record(path, found)
     return {task.key: found[task.key] for task in columns if task.prior and task.key in found}
 
 
@@ -789,7 +779,7 @@ def cost_of(args: argparse.Namespace, rows: list[Row], columns: list[Task]) -> d
     """{task: {row: cost record}} of the shown rows and columns, kept in the ledger's cost.json: measured (probe_cost)
     when --tasks names `cost` or no column at all; --resume measures the pairs without a record or with a one-line
     error; --reuse reads the ledger only."""
-    path = args.ledger / COST if args.ledger is not None else None
+    path = args.ledger and args.ledger / COST
     found: dict = read_record(path) or {}
     measure = not args.reuse and (not args.tasks or "cost" in args.tasks)
     for task in cost_columns(args, columns) if measure else []:
