@@ -26,13 +26,15 @@ The ledger, <results>/variant_study_runs/ (committed with the page), holds every
 one-line error (<task>/<row>-seed<n>.json, the 4x evaluation beside it as .extrapolation.json) and the study's
 own measurements (speed.json, cost.json, prior.json). --resume takes jobs from it, so the study runs a few rows or
 tasks at a time; --reuse writes the page, experiments/results/variant_study.{md,json,png}, from it alone. Job
-folders: outputs/variant_study/<quick|full>/<task>/<row>-seed<n>/.
+folders: outputs/variant_study/<quick|full>/<task>/<row>-seed<n>/. The page's words (how to read a cell, the method,
+the anchors) are experiments/variant_study_page.md's; this file computes its tables, verdicts and figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -373,13 +375,16 @@ def mode_of(args: argparse.Namespace) -> str:
     return "reuse" if args.reuse else "resume" if args.resume else "run"
 
 
-def recorded(path: Path | None, mode: str) -> dict | None:
-    """The ledger's record to show instead of running the job: any with --reuse; with --resume any but a one-line
-    error (redone: it ends in seconds, and the code may run that row now)."""
+def without_running(job: Job, path: Path | None, mode: str) -> dict | None:
+    """A job's record where it runs nothing, else None: the ledger's (any with --reuse; with --resume any but a
+    one-line error, redone: it ends in seconds, and the code may run that row now), the one-line reason its row stops
+    short of the task's length (SPEED_LONGEST), "not run" with --reuse, or its missing data."""
     found = read_record(path) if mode != "run" else None
-    if found is None or (mode == "resume" and found["status"] == "error"):
-        return None
-    return {**found, "reused": True}
+    if found is not None and (mode == "reuse" or found["status"] != "error"):
+        return {**found, "reused": True}
+    if reason := beyond_longest(job.row, job.task.length, "run"):
+        return {"status": "error", "reason": reason}
+    return dict(NOT_RUN) if mode == "reuse" else skipped(job.task)
 
 
 @contextlib.contextmanager
@@ -425,8 +430,10 @@ def run_in_process(arguments: list[str], log: Path) -> int:
     return code
 
 
-def run_in_folder(folder: Path, arguments: list[str]) -> tuple[int, Path]:
-    """run_in_process with its log in a fresh `folder` (one already there is kept aside, not deleted)."""
+def run_in_folder(folder: Path, arguments: list[str], label: str) -> tuple[int, Path]:
+    """run_in_process with its log in a fresh `folder` (one already there is kept aside, not deleted), announced on
+    the console as `label`."""
+    print(f"{label} ...", end=" ", flush=True)
     if folder.exists():
         folder.rename(folder.with_name(f"{folder.name}.old-{datetime.now():%Y%m%d-%H%M%S}"))
     folder.mkdir(parents=True)
@@ -445,21 +452,21 @@ def now() -> str:
     return datetime.now().strftime("%Y-%m-%d %H:%M")
 
 
+def kept(path: Path | None, result: dict) -> dict:
+    """`result`, written to the ledger where it ends with a number or a one-line error (a failure is run again)."""
+    if result["status"] in ("ok", "error"):
+        write_record(path, result)
+    return result
+
+
 def run_job(job: Job, ledger: Path | None = None, mode: str = "run", machine_name: str = "") -> dict:
     """One job's record: the ledger's where `mode` takes it (recorded), else the job run now ("not run" with
     --reuse). One that ends with a number or a one-line error goes to the ledger; a failure does not."""
     path = ledger_file(ledger, job)
-    if (found := recorded(path, mode)) is not None:
-        return found
-    if reason := beyond_longest(job.row, job.task.length, "run"):
-        return {"status": "error", "reason": reason}
-    if mode == "reuse":
-        return dict(NOT_RUN)
-    if missing := skipped(job.task):
-        return missing
-    print(f"{job.task.key} / {job.row.name} / seed {job.seed} ...", end=" ", flush=True)
+    if (settled := without_running(job, path, mode)) is not None:
+        return settled
     start = time.perf_counter()
-    code, log = run_in_folder(job.folder, job.arguments)
+    code, log = run_in_folder(job.folder, job.arguments, f"{job.task.key} / {job.row.name} / seed {job.seed}")
     wall = time.perf_counter() - start
     metrics_file = job.folder / "metrics.json"
     if code == 0 and metrics_file.is_file():
@@ -473,9 +480,7 @@ def run_job(job: Job, ledger: Path | None = None, mode: str = "run", machine_nam
                   command="python run.py " + " ".join(job.arguments))  # fmt: skip
     outcome = fmt(result.get("value"), job.task.digits) if result["status"] == "ok" else result["reason"]
     print(f"{result['status']} {outcome} ({wall:.0f} s)", flush=True)
-    if result["status"] in ("ok", "error"):
-        write_record(path, result)
-    return result
+    return kept(path, result)
 
 
 def run_as(job: Job, plain: Job, args: argparse.Namespace, done: dict[Path, dict]) -> dict:
@@ -483,15 +488,11 @@ def run_as(job: Job, plain: Job, args: argparse.Namespace, done: dict[Path, dict
     --reuse or --resume takes it; else a one-batch run of the row (its one-line error if it cannot run the task),
     then `plain`'s record (`done` in this study, else run or taken now), kept as the row's own."""
     path, mode = ledger_file(args.ledger, job), mode_of(args)
-    if (found := recorded(path, mode)) is not None:
-        return found
-    if mode == "reuse":
-        return dict(NOT_RUN)
-    if missing := skipped(job.task):
-        return missing
-    print(f"{job.task.key} / {job.row.name} / seed {job.seed}: one batch ...", end=" ", flush=True)
+    if (settled := without_running(job, path, mode)) is not None:
+        return settled
     check = Job(job.task, job.row, job.seed, job.folder / "one_batch")
-    code, log = run_in_folder(job.folder, [*check.arguments, "trainer.fast_dev_run=true"])
+    label = f"{job.task.key} / {job.row.name} / seed {job.seed}: one batch"
+    code, log = run_in_folder(job.folder, [*check.arguments, "trainer.fast_dev_run=true"], label)
     if code != 0:
         result = {**unfinished(code, log), "seed": job.seed, "command": "python run.py " + " ".join(check.arguments)}
         print(f"{result['status']} {result['reason']}", flush=True)
@@ -500,9 +501,7 @@ def run_as(job: Job, plain: Job, args: argparse.Namespace, done: dict[Path, dict
         if plain.folder not in done:
             done[plain.folder] = run_job(plain, args.ledger, mode, args.machine_name)
         result = {**{k: v for k, v in done[plain.folder].items() if k != "reused"}, "trained_as": plain.folder.name}
-    if result["status"] in ("ok", "error"):
-        write_record(path, result)
-    return result
+    return kept(path, result)
 
 
 def plain_row(rows: list[Row]) -> Row:
@@ -604,9 +603,7 @@ def longer_block(job: Job, result: dict, args: argparse.Namespace) -> dict:
     except Exception as error:  # a bug in this evaluation must not end the study
         outcome = {"status": "failed", "reason": f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"}
     outcome["wall_s"] = round(time.perf_counter() - start, 1)
-    if outcome["status"] in ("ok", "error"):
-        write_record(path, outcome)
-    return outcome
+    return kept(path, outcome)
 
 
 # -- the class prior ------------------------------------------------------------------------------------------
@@ -705,18 +702,6 @@ def step_times(rows: list[Row], quick: bool, shapes: dict[int, tuple[int, int | 
             "lengths": list(shapes), "rows": results}  # fmt: skip
 
 
-def ledger_table(args: argparse.Namespace, name: str, measure: Callable[[], dict], merge) -> dict | None:
-    """A record of the ledger's own (speed.json, prior.json): with --reuse read as it is (None when absent); else
-    measured now, merged into what the ledger holds (`merge(old, new)`) and written back."""
-    path = args.ledger / name if args.ledger is not None else None
-    old = read_record(path)
-    if args.reuse:
-        return old
-    new = measure()
-    write_record(path, merged := merge(old, new) if old else new)
-    return merged
-
-
 EMPTY_SPEED = {"batch": 0, "steps": 0, "rounds": 0, "threads": 0, "lengths": [], "rows": {}}
 
 
@@ -727,26 +712,28 @@ def int_keys(speed: dict) -> dict:
 
 
 def speed_of(args: argparse.Namespace, rows: list[Row]) -> dict:
-    """step_times of `rows`, each stamped with its date and machine, kept in the ledger's speed.json."""
-
-    def measure() -> dict:
+    """step_times of `rows`, each stamped with its date and machine, merged into the ledger's speed.json (--reuse:
+    the ledger's alone)."""
+    path = args.ledger and args.ledger / "speed.json"
+    speed = old = int_keys(found) if (found := read_record(path)) else None
+    if not args.reuse:
         speed = step_times(rows, args.quick)
         for result in (r for by_n in speed["rows"].values() for r in by_n.values()):
             result.update(date=now(), machine=args.machine_name)
-        return speed
-
-    def merge(old: dict, new: dict) -> dict:
-        old = int_keys(old)
-        return {**new, "lengths": sorted({*old["lengths"], *new["lengths"]}), "rows": {**old["rows"], **new["rows"]}}
-
-    speed = int_keys(found) if (found := ledger_table(args, "speed.json", measure, merge)) else EMPTY_SPEED
+        if old:
+            speed.update(lengths=sorted({*old["lengths"], *speed["lengths"]}), rows={**old["rows"], **speed["rows"]})
+        write_record(path, speed)
+    speed = speed or EMPTY_SPEED
     return {**speed, "rows": {row.name: speed["rows"][row.name] for row in rows if row.name in speed["rows"]}}
 
 
 def prior_of(args: argparse.Namespace, columns: list[Task]) -> dict:
-    """priors() of the columns, kept in the ledger's prior.json."""
-    folder = args.runs_dir / ("quick" if args.quick else "full") / "prior"
-    found = ledger_table(args, "prior.json", lambda: priors(columns, folder), lambda old, new: {**old, **new}) or {}
+    """priors() of the columns, merged into the ledger's prior.json (--reuse: the ledger's alone)."""
+    path = args.ledger and args.ledger / "prior.json"
+    found = read_record(path) or {}
+    if not args.reuse:
+        found.update(priors(columns, args.runs_dir / ("quick" if args.quick else "full") / "prior"))
+        write_record(path, found)
     return {task.key: found[task.key] for task in columns if task.prior and task.key in found}
 
 
@@ -769,8 +756,8 @@ def probe_cost(task: Task, row: Row, args: argparse.Namespace) -> dict:
         return {"status": "error", "reason": reason}
     seed0 = job_folder(args.runs_dir / ("quick" if args.quick else "full"), task, row, 0)
     job = Job(task, row, 0, seed0.with_name(seed0.name.replace("-seed0", "-cost")))
-    print(f"{task.key} / {row.name} / cost ...", end=" ", flush=True)
-    code, log = run_in_folder(job.folder, cost_arguments(job, out := job.folder / "step_cost.json"))
+    code, log = run_in_folder(job.folder, cost_arguments(job, out := job.folder / "step_cost.json"),
+                              f"{task.key} / {row.name} / cost")  # fmt: skip
     if code == 0 and out.is_file():
         result = {"status": "ok", **json.loads(out.read_text())}
         shown = f"{fmt(result['step_ms'], 0)} ms/step, {fmt(result['peak_mib'], 1)} MiB"
@@ -792,7 +779,7 @@ def cost_of(args: argparse.Namespace, rows: list[Row], columns: list[Task]) -> d
     """{task: {row: cost record}} of the shown rows and columns, kept in the ledger's cost.json: measured (probe_cost)
     when --tasks names `cost` or no column at all; --resume measures the pairs without a record or with a one-line
     error; --reuse reads the ledger only."""
-    path = args.ledger / COST if args.ledger is not None else None
+    path = args.ledger and args.ledger / COST
     found: dict = read_record(path) or {}
     measure = not args.reuse and (not args.tasks or "cost" in args.tasks)
     for task in cost_columns(args, columns) if measure else []:
@@ -859,8 +846,25 @@ def run_study(args: argparse.Namespace, rows: list[Row], columns: list[Task]) ->
     return cells
 
 
-# -- the page -------------------------------------------------------------------------------------------------
+# -- the page: its tables and figure, in the words of variant_study_page.md -----------------------------------
+PAGE = Path(__file__).with_name("variant_study_page.md")
+
+
+@functools.cache
+def blocks() -> dict[str, str]:
+    """The page's words by block name (a block runs from its `<!-- name -->` line to the next)."""
+    parts = re.split(r"^<!-- (\w+) -->\n", PAGE.read_text(), flags=re.M)
+    return {name: text.strip("\n") for name, text in zip(parts[1::2], parts[2::2])}
+
+
+def say(block: str, **values: object) -> str:
+    """A block of the page's words with its {placeholders} filled."""
+    return blocks()[block].format_map(values)
+
+
 class Footnotes(list):
+    """The reasons a table shows in place of numbers: each once, marked [n] in every cell it applies to."""
+
     def mark(self, note: str) -> str:
         if note not in self:
             self.append(note)
@@ -868,14 +872,6 @@ class Footnotes(list):
 
     def markdown(self) -> str:
         return "\n\n" + "\n".join(f"[{i}] {note}" for i, note in enumerate(self, 1)) if self else ""
-
-
-def measured_before_change(row: str, result: dict, notes: Footnotes) -> str:
-    """The footnote mark of a timing recorded before its row's kernel got faster (KERNEL_CHANGES), else ""."""
-    changed, page = KERNEL_CHANGES.get(row, (None, None))
-    if changed is None or result.get("date", changed) >= changed:
-        return ""
-    return " " + notes.mark(f"measured before a faster {row} kernel landed ({changed}); {page} measures it")
 
 
 def cell_text(cell: dict | None, digits: int, notes: Footnotes, mark: str = "") -> str:
@@ -893,38 +889,33 @@ def cell_text(cell: dict | None, digits: int, notes: Footnotes, mark: str = "") 
     return f"**{shown}** winner" if mark == "winner" else f"{shown} ≈ best" if mark in ("best", "≈ best") else shown
 
 
+def timing_text(result: dict | None, row: str, notes: Footnotes, key: str, peak_digits: int, absent: str) -> str:
+    """A step timing: `key`'s ms (peak MiB), footnoted when its kernel got faster since (KERNEL_CHANGES); else the
+    reason it has none, or `absent` without a record."""
+    if result is None:
+        return absent
+    if result["status"] != "ok":
+        return notes.mark(result["reason"])
+    peak = "not measured" if result.get("peak_mib") is None else fmt(result["peak_mib"], peak_digits)
+    changed, page = KERNEL_CHANGES.get(row, (None, None))
+    late = changed is not None and result.get("date", changed) < changed
+    mark = " " + notes.mark(say("kernel_changed", row=row, changed=changed, page=page)) if late else ""
+    return f"{fmt(result[key], 0)} ({peak}){mark}"
+
+
 def cost_section(rows: list[Row], columns: list[Task], cost: dict) -> str:
     """The step time and peak memory of every row on every column (cost_of), with the footnoted reasons."""
     from experiments.step_cost import WARMUP  # here: the study's other pages load without torch and Lightning
 
     notes = Footnotes()
-
-    def shown(result: dict | None, row: str) -> str:
-        if result is None:
-            return "not measured"
-        if result["status"] != "ok":
-            return notes.mark(result["reason"])
-        late = measured_before_change(row, result, notes)
-        return f"{fmt(result['step_ms'], 0)} ({fmt(result['peak_mib'], 1)}){late}"
-
-    body = [[row.name, *(shown(cost.get(task.key, {}).get(row.name), row.name) for task in columns)] for row in rows]
-    records = [r for by_row in cost.values() for r in by_row.values() if r["status"] == "ok"]
-    measured = (
-        (
-            f" Measured {min(r['date'] for r in records)} to {max(r['date'] for r in records)} on "
-            f"{'; '.join(sorted({r['machine'] for r in records}))}, "
-            f"{', '.join(sorted({str(r['threads']) for r in records}))} torch thread(s) a run."
-        )
-        if records
-        else ""
-    )
-    return ("## Step time and peak memory at each task's length\n\nms per training step (peak MiB): each row's job of "
-            f"the column, seed 0, cut to {COST_STEPS} training steps without validation or test (`--tasks cost`, "
-            f"experiments/step_cost.py): the median time of the steps after {WARMUP} warm-up ones (forward, backward, "
-            "optimiser step; data loading not counted) and the high-water mark of tensor bytes over the last step, "
-            "above what was live at its start (activations, gradients, the optimiser's update; torch.profiler). Same "
-            f"length, batch and width as the column's jobs.{measured}\n\n"
-            + table(["attention", *(task.title for task in columns)], body) + notes.markdown())  # fmt: skip
+    body = [[row.name, *(timing_text(cost.get(task.key, {}).get(row.name), row.name, notes, "step_ms", 1,
+                                     "not measured") for task in columns)] for row in rows]  # fmt: skip
+    done = [r for by_row in cost.values() for r in by_row.values() if r["status"] == "ok"]
+    measured = " " + say("cost_measured", first=min(r["date"] for r in done), last=max(r["date"] for r in done),
+                         machines="; ".join(sorted({r["machine"] for r in done})),
+                         threads=", ".join(sorted({str(r["threads"]) for r in done}))) if done else ""  # fmt: skip
+    return say("cost", steps=COST_STEPS, warmup=WARMUP, measured=measured,
+               table=table(["attention", *(task.title for task in columns)], body) + notes.markdown())  # fmt: skip
 
 
 def columns_of(columns: list[Task]) -> list[tuple[str, str, int, bool]]:
@@ -962,17 +953,15 @@ def winners(cells: dict, quality: list[tuple[str, str, int, bool]], speed: dict,
     none beats the class prior. The step timings by the same rule, over their timing rounds."""
     lines = []
     for key, header, digits, higher in quality:
+        share = (prior or {}).get(key, {})
         if not (column := column_cells(cells, key)):
             continue
-        share = (prior or {}).get(key, {})
         if at_prior(column, share, digits):
-            lines.append(
-                f"- {header}: **no row** above the most common class's share ({fmt(share['value'], digits)}"
-                f", class {share['class']}): none of the {len(column)} row(s) with a number scored above it"
-            )
-            continue
-        lines.append(verdict_line(header, column, verdict(column, higher), lambda x, d=digits: fmt(x, d), "seed",
-                                  "rows with a number"))  # fmt: skip
+            lines.append(say("no_row", header=header, share=fmt(share["value"], digits), label=share["class"],
+                             rows=len(column)))  # fmt: skip
+        else:
+            lines.append(verdict_line(header, column, verdict(column, higher), lambda x, d=digits: fmt(x, d), "seed",
+                                      "rows with a number"))  # fmt: skip
     for n in speed["lengths"]:
         column = {name: Cell.of(r[n].get("rounds") or [r[n]["value"]])
                   for name, r in speed["rows"].items() if r.get(n, {}).get("status") == "ok"}  # fmt: skip
@@ -990,12 +979,11 @@ def verdict_line(header: str, column: dict[str, Cell], result: dict, shown: Call
     interval = f" [{shown(top.low)}, {shown(top.high)}]" if top.low is not None else ""
     value = f"{shown(top.median)}{unit}{interval}, {top.n} {sample}(s)"
     if result["winner"]:
-        return (f"- {header}: **{result['winner']}** ({value}; its interval excludes the median of every other of the "
-                f"{len(column)} {counted})")  # fmt: skip
+        return say("winner", header=header, winner=result["winner"], value=value, rows=len(column), counted=counted)
     tied = [name for name, mark in result["marks"].items() if mark == "≈ best" and name != result["best"]]
     reason = f"too few {sample}s for an interval" if top.low is None or top.n < 3 else "rows inside its interval"
-    return (f"- {header}: no clear winner (best median {result['best']}: {value}; {reason}); tied with it: "
-            f"{', '.join(tied) or 'none'} ({len(column)} {counted})")  # fmt: skip
+    return say("no_winner", header=header, best=result["best"], value=value, reason=reason,
+               tied=", ".join(tied) or "none", rows=len(column), counted=counted)  # fmt: skip
 
 
 def zoology_anchor(cells: dict, quality: list[tuple[str, str, int, bool]]) -> list[str]:
@@ -1006,25 +994,20 @@ def zoology_anchor(cells: dict, quality: list[tuple[str, str, int, bool]]) -> li
     for key, header, digits, _ in (q for q in quality if q[0].startswith("mqar")):
         column = column_cells(cells, key)
         if attention not in column or substitute not in column:
-            lines.append(f"- {header}: not yet measured ({attention} or {substitute} has no number)")
+            lines.append(say("zoology_unmeasured", header=header, attention=attention, substitute=substitute))
             continue
         top, other = column[attention], column[substitute]
-        shown = {name: fmt(cell.median, digits) for name, cell in column.items()}
-        if top.n < 3 or other.n < 3:
-            said = f"too few seeds to say ({top.n} and {other.n}; 3 needed)"
-        elif top.span()[0] > other.span()[1]:
-            said = "**reproduced**: full attention's interval lies above linear attention's"
-        elif top.median > other.median:
-            said = "not shown: full attention's median is higher but the intervals overlap"
-        else:
-            said = "**not reproduced**: linear attention's median is as high as full attention's or higher"
+        seeds = {"full_seeds": top.n, "linear_seeds": other.n}
+        said = ("zoology_too_few" if top.n < 3 or other.n < 3 else "zoology_reproduced"
+                if top.span()[0] > other.span()[1] else "zoology_not_shown" if top.median > other.median
+                else "zoology_not_reproduced")  # fmt: skip
         low, high = top.span()
         others = sorted((n for n in column if n != attention), key=lambda n: -column[n].median)
         level = [n for n in others if column[n].span()[1] >= low and column[n].span()[0] <= high]
-        below = ", ".join(f"{n} {shown[n]}" for n in others if n not in level)
-        lines.append(f"- {header}: full {shown[attention]}, linear {shown[substitute]} ({top.n} and {other.n} seeds): "
-                     f"{said}. At full attention's level (interval overlapping its): {', '.join(level) or 'none'}; "
-                     f"below it: {below or 'none'}")  # fmt: skip
+        below = [f"{n} {fmt(column[n].median, digits)}" for n in others if n not in level]
+        lines.append(say("zoology_line", header=header, full=fmt(top.median, digits),
+                         linear=fmt(other.median, digits), **seeds, said=say(said, **seeds),
+                         level=", ".join(level) or "none", below=", ".join(below) or "none"))  # fmt: skip
     return lines
 
 
@@ -1101,16 +1084,13 @@ def provenance(cells: dict) -> str:
             if run.get("status") == "ok" and "command" in run]  # fmt: skip
     earlier = [run for run in runs if run.get("reused")]
     if not earlier:
-        return "Every job ran in this run, on this machine."
+        return say("provenance_all_new")
     dates = sorted(run["date"] for run in earlier if run.get("date")) or ["date not recorded"]
     machines = sorted({run.get("machine") or "machine not recorded" for run in earlier})
-    mixed = ""
-    if len({"bf16 native" in machine for machine in machines}) > 1:
-        mixed = (" A recipe at `trainer.precision=auto` (the GPT's) trains in bf16-mixed on the machines marked bf16 "
-                 "native and in fp32 on the others (recipes.md measured the two within noise).")  # fmt: skip
-    return (f"{len(runs) - len(earlier)} of the {len(runs)} jobs with a number ran in this run; {len(earlier)} were "
-            f"measured earlier ({dates[0]} to {dates[-1]}, on {'; '.join(machines)}) and taken from their records "
-            f"(the ledger {LEDGER}/).{mixed}")  # fmt: skip
+    mixed = len({"bf16 native" in machine for machine in machines}) > 1  # the GPT's precision differs between them
+    return say("provenance", new=len(runs) - len(earlier), runs=len(runs), earlier=len(earlier), first=dates[0],
+               last=dates[-1], machines="; ".join(machines), ledger=LEDGER) + (
+        " " + say("provenance_mixed") if mixed else "")  # fmt: skip
 
 
 def remaining_work(rows: list[Row], cells: dict, cost: dict) -> dict:
@@ -1141,141 +1121,83 @@ def left_to_run(left: dict) -> str:
     """The page's sentence on what remains (remaining_work), or nothing when every cell is complete."""
     if not left["jobs"]:
         return ""
-    unknown = f", and {left['unknown']} job(s) with no estimate" if left["unknown"] else ""
-    return (f" To complete the page: {left['jobs']} job(s) in {left['cells']} cell(s), about {left['hours']} hours of "
-            "job wall time (each at its cell's recorded job time, else at full attention's scaled by the cost pass's "
-            f"step times){unknown}; `--resume` runs them (a cell not run yet needs 5 seeds, not 3, if its first job "
-            "takes under 2 minutes).")  # fmt: skip
+    unknown = say("left_unknown", unknown=left["unknown"]) if left["unknown"] else ""
+    return " " + say("left_to_run", **{**left, "unknown": unknown})
 
 
 def prior_text(prior: dict, columns: list[Task]) -> str:
     """The class-prior line under the table (most_common_share of each column that shows one)."""
     titles = {task.key: task.title for task in columns}
-    parts = [f"{titles.get(key, key)}: {fmt(share['value'], 3)} (class {share['class']}, of {share['test_size']})"
-             if share["status"] == "ok" else f"{titles.get(key, key)}: not measured ({share['reason']})"
-             for key, share in prior.items()]  # fmt: skip
-    return (
-        (
-            "The most common class's share of the test set, the accuracy of a classifier that learned only the class "
-            "prior (a row at it answers that class to every input): " + "; ".join(parts) + "."
-        )
-        if parts
-        else ""
-    )
-
-
-def speed_text(result: dict | None, row: str, notes: Footnotes) -> str:
-    """A cell of the step-time columns: ms per step (peak MiB), or the reason there is none."""
-    if result is None:
-        return "not run"
-    if result["status"] != "ok":
-        return notes.mark(result["reason"])
-    memory = f" ({result['peak_mib']:.0f})" if result.get("peak_mib") is not None else " (not measured)"
-    return f"{result['value']:.0f}{memory}{measured_before_change(row, result, notes)}"
+    shares = [f"{titles.get(key, key)}: {fmt(share['value'], 3)} (class {share['class']}, of {share['test_size']})"
+              if share["status"] == "ok" else f"{titles.get(key, key)}: not measured ({share['reason']})"
+              for key, share in prior.items()]  # fmt: skip
+    return say("prior", shares="; ".join(shares)) if shares else ""
 
 
 def markdown(args, info, rows, notes_rows, columns, cells, speed, wall_min, prior=None, cost=None) -> str:
+    """The page: variant_study_page.md's `page` block with this run's tables, verdicts and numbers."""
     prior, cost, notes = prior or {}, cost or {}, Footnotes()
     quality = columns_of(columns)
+    trained = [(key, title) for key, title, _, _ in quality if key != EXTRAPOLATION]  # the columns of jobs
     verdicts = marks(cells, quality, prior)
-    header = [
-        "attention",
-        *(title for _, title, _, _ in quality),
-        *(f"ms/step (peak MiB) n={n}" for n in speed["lengths"]),
-        "LRA (Tay et al. 2021) Image / ListOps %",
-    ]
+    lra = {row: f"{model}: {s['Image']:.2f} / {s['ListOps']:.2f}" for model, s in LRA_TABLE_1.items()
+           for row in s["rows"]}  # fmt: skip
     body = [[row.name, *(cell_text(cells[row.name].get(key), digits, notes, verdicts[key].get(row.name, ""))
                          for key, _, digits, _ in quality),
-             *(speed_text(speed["rows"].get(row.name, {}).get(n), row.name, notes) for n in speed["lengths"]),
-             next((f"{model}: {s['Image']:.2f} / {s['ListOps']:.2f}" for model, s in LRA_TABLE_1.items()
-                   if row.name in s["rows"]), "-")] for row in rows]  # fmt: skip
+             *(timing_text(speed["rows"].get(row.name, {}).get(n), row.name, notes, "value", 0, "not run")
+               for n in speed["lengths"]), lra.get(row.name, "-")] for row in rows]  # fmt: skip
+    # a job's time where it trained to a number ("-" where it failed to start)
+    walls = [[row.name, *(fmt(cell.get("wall_s") if cell.get("median") is not None else None, 0)
+                          for key, _ in trained for cell in [cells[row.name].get(key, {})])]
+             for row in rows]  # fmt: skip
     short = sum(1 for row in rows for key, *_ in quality if (cell := cells[row.name].get(key)) and cell["values"]
                 and len(cell["values"]) < cell.get("required", 1))  # fmt: skip
     cpu_hours = sum(cell.get("cpu_s") or 0 for row in cells.values() for cell in row.values()) / 3600
-    # a job's time where it trained to a number ("-" where it failed to start)
-    walls = [[row.name, *(fmt(cell.get("wall_s") if cell.get("median") is not None else None, 0)
-                          for key, _, _, _ in quality if key != EXTRAPOLATION
-                          for cell in [cells[row.name].get(key, {})])] for row in rows]  # fmt: skip
-    mode = ("--quick: scaled-down runs, the numbers show that the pipeline works, not what the models reach"
-            if args.quick else "full")  # fmt: skip
-    budget = ("--quick: digits as 64 pixels, ListOps of 256 tokens" if args.quick else
-              f"{PIXEL_STEPS} steps of batch 32 on the pixel task"
-              + (f", one epoch of {LISTOPS_TRAIN} ListOps expressions" if any(t.key == "lra_listops" for t in columns)
-                 else f", the learning ListOps recipe at up to {LISTOPS_LENGTH} tokens"))  # fmt: skip
-    window = "".join(f"{task.window} on {task.key}, " for task in columns if task.window)
-    selection = "".join(f" --{flag}" for flag in ("reuse", "resume") if getattr(args, flag)) + "".join(
-        f" --{name} {' '.join(getattr(args, name))}" for name in ("rows", "tasks") if getattr(args, name)
-    )
-    zoology = zoology_anchor(cells, quality)
     shown = {task.key for task in columns}
-    left = left_to_run(remaining_work(rows, cells, cost)) if not args.seeds else ""  # --seeds caps what --resume runs
-    seeds = (f"). {short} cell(s) have fewer seeds than needed: read them as provisional." if short
-             else "). Every cell with a number has the seeds it needs.")  # fmt: skip
-    parts = [
-        "# The variant study",
-        f"Written by `python experiments/variant_study.py{' --quick' if args.quick else ''}{selection}` ({mode}) in "
-        f"{wall_min:.1f} min. Every number below is measured by that command or an earlier one (its record); none "
-        f"is typed in. {provenance(cells)} Compute: the jobs on this page took {cpu_hours:.1f} hours of wall time "
-        f"on {info.get('cores', '2')} cores (at most {int(info.get('cores', 2)) * cpu_hours:.1f} CPU hours), the step "
-        "timings and the class priors not counted.",
-        "How to read a cell: the median over seeds, its 95% interval in brackets (a percentile bootstrap of the "
-        "median over the seeds, 2000 resamples; with 3-5 seeds it is close to their range: it is what they can "
-        "say), then n=<seeds run>/<seeds needed> (5 for a job under 2 minutes, else 3; `--seeds` caps it"
-        + (f"; this run: {args.seeds}" if args.seeds else "") + seeds + " Seed n is the same for every row (data order "
-        "and initial weights, where the shapes allow). A column names a winner (**bold**) only when its interval "
-        "excludes every other row's median; otherwise the best median and the rows whose intervals overlap it are "
-        "marked ≈ best (and with fewer than 3 seeds the best has no interval: every row is ≈ best). A cell without a "
-        'number names the one-line error the job got (footnotes); "not run" has no record yet.' + left,
-        table(["machine", ""], [[k, v] for k, v in info.items()]),
-        "## Quality and speed per attention setting\n\n" + table(header, body) + notes.markdown(),
-        "Training time per step: the long-range classifier (2 layers, width 64, 4 heads), forward + backward + "
-        f"AdamW, batch {speed['batch']}, {speed['threads']} threads, median of {speed['rounds']} interleaved "
-        f"round(s) of {speed['steps']} steps; n=784 as the pixel task, n=2000 as LRA's ListOps, n=256 as the "
-        "learning ListOps column (padding after a random length of n/4 to n tokens). Peak memory: the high-water "
-        "mark of tensor bytes over one such step (torch.profiler, as experiments/attention_benchmark.py measures it; "
-        '"not measured": a record from before it was).'
-        if speed["lengths"] else "Training time per step: not measured in this run (--tasks without speed).",
-        *(["GPT val loss at 4x the block: the trained weights on the val split cut into blocks 4x as long. A position "
-           f"bias takes them as trained; RoPE scaling ({', '.join(sorted(SCALED_AT_INFERENCE))}) stretches the "
-           f"{PLAIN_ROPE} row's weights of the same seed by 4 at inference, as its users apply it to a model trained "
-           "without it; a weight shaped by the block (a learned position table) has no rows for the longer input."]
-          if any(key == EXTRAPOLATION for key, *_ in quality) else []),
-        *([prior_text(prior, columns)] if prior else []),
-        *(["Columns shown only when --tasks names them (their records stay in the ledger): "
-           + "; ".join(f"{key} ({why})" for key, why in OPT_IN.items() if key not in shown) + "."]
-          if set(OPT_IN) - shown else []),
-        "## Which setting wins where\n\n" + "\n".join(winners(cells, quality, speed, prior) or ["- no numbers yet"]),
-        "## Published anchors: Long Range Arena (Tay et al. 2021, Table 1)\n\nAccuracy % on LRA's Image (CIFAR-10 "
-        "as 1024 grey pixel tokens) and ListOps (up to 2000 tokens, 96k training expressions), with LRA's models "
-        "(ListOps: 6 layers of width 512, 5000 steps of batch 32) trained on accelerators. Ours is much smaller: "
-        "2 layers of width 64 on a CPU, Fashion-MNIST's 784 pixels (an easier image set than grey CIFAR-10) and "
-        f"a fixed budget ({budget}). The anchors show where the published ranking lies; they are not targets.\n\n"
-        + table(["LRA model", "Image", "ListOps", "our row"],
-                [[model, f"{s['Image']:.2f}", f"{s['ListOps']:.2f}", ", ".join(s["rows"])]
-                 for model, s in LRA_TABLE_1.items()]),
-        *(["## Published anchor: Zoology (Arora et al. 2023, Figure 2)\n\nMulti-query associative recall: attention "
-           "recalls ~100% of the queries at width 64 where efficient substitutes (gated convolutions, recurrences, "
-           "linear attention) fall short, trained on GPUs for tens of epochs at batch 256, many times this budget. "
-           "Ours: Zoology's smallest setting (64 tokens, 4 pairs; a vocabulary of 128 as its quick-start config), "
-           "2000 steps of batch 64 on a CPU. Does zoo reproduce the ordering? A row at the plateau (~1/pairs) gives "
-           "a query one of its sequence's values at random; routing, below it, never lets a value see its key "
-           "(experiments/routing_recall.py, variant_study_checks.md).\n\n" + "\n".join(zoology)] if zoology else []),
-        "![quality vs time](variant_study.png)\n\nThe plot: quality against training time, one panel per column: "
-        "each row's median and 95% interval against its training step time from the cost pass below (one pass, one "
-        "host, one thread: the rows compare), or, in a panel where a row has no cost record, against the jobs' "
-        "median wall seconds (those mix hosts and load).",
-        "## Wall seconds per job (median over seeds)\n\n"
-        + table(["attention", *(t for k, t, _, _ in quality if k != EXTRAPOLATION)], walls),
-        cost_section(rows, columns, cost),
-        "## Rows and how they were found\n\n"
-        + table(["row", "found in", "overrides"], [[row.name, row.origin, " ".join(row.overrides)] for row in rows])
-        + f"\n\nLocal attention's window: {window}conf/attention/local.yaml's 256 on the others. A window that "
-        "covers the whole sequence makes local attention exactly full attention."
-        f" RoPE scaling {', '.join(sorted(PLAIN_WITHIN_BLOCK))} is plain RoPE within the trained block: its rows' "
-        f"training cells are the {PLAIN_ROPE} row's jobs (seed for seed), after a one-batch run of their own."
-        + ("\n\nLeft out: " + "; ".join(notes_rows) if notes_rows else ""),
-    ]  # fmt: skip
-    return "\n\n".join(parts) + "\n"
+    zoology = zoology_anchor(cells, quality)
+    listops = (say("budget_lra_listops", expressions=LISTOPS_TRAIN) if "lra_listops" in shown
+               else say("budget_listops", length=LISTOPS_LENGTH))  # fmt: skip
+    options = [
+        *(["--quick"] if args.quick else []),
+        *(f"--{flag}" for flag in ("reuse", "resume") if getattr(args, flag)),
+        *(f"--{name} {' '.join(getattr(args, name))}" for name in ("rows", "tasks") if getattr(args, name)),
+    ]
+    page = say(
+        "page",
+        options="".join(f" {option}" for option in options),
+        mode=say("quick_mode") if args.quick else "full",
+        wall_min=f"{wall_min:.1f}",
+        provenance=provenance(cells),
+        cpu_hours=f"{cpu_hours:.1f}",
+        cores=info.get("cores", "2"),
+        cpu_hours_max=f"{int(info.get('cores', 2)) * cpu_hours:.1f}",
+        seeds_cap=f"; this run: {args.seeds}" if args.seeds else "",
+        seeds=say("short_seeds", short=short) if short else say("all_seeds"),
+        left="" if args.seeds else left_to_run(remaining_work(rows, cells, cost)),  # --seeds caps what --resume runs
+        machine=table(["machine", ""], [[k, v] for k, v in info.items()]),
+        quality_table=table(["attention", *(title for _, title, _, _ in quality),
+                             *(f"ms/step (peak MiB) n={n}" for n in speed["lengths"]),
+                             "LRA (Tay et al. 2021) Image / ListOps %"], body) + notes.markdown(),
+        speed=say("speed", **speed) if speed["lengths"] else say("no_speed"),
+        extrapolation=say("extrapolation", scalings=", ".join(sorted(SCALED_AT_INFERENCE)), plain_rope=PLAIN_ROPE)
+        if any(key == EXTRAPOLATION for key, *_ in quality) else "",
+        prior=prior_text(prior, columns),
+        opt_in=say("opt_in", columns="; ".join(f"{key} ({why})" for key, why in OPT_IN.items() if key not in shown))
+        if set(OPT_IN) - shown else "",
+        winners="\n".join(winners(cells, quality, speed, prior) or ["- no numbers yet"]),
+        budget=say("quick_budget") if args.quick else say("budget", pixel_steps=PIXEL_STEPS, listops=listops),
+        lra_table=table(["LRA model", "Image", "ListOps", "our row"], [[model, f"{s['Image']:.2f}",
+                        f"{s['ListOps']:.2f}", ", ".join(s["rows"])] for model, s in LRA_TABLE_1.items()]),
+        zoology=say("zoology", lines="\n".join(zoology)) if zoology else "",
+        wall_table=table(["attention", *(title for _, title in trained)], walls),
+        cost=cost_section(rows, columns, cost),
+        rows_table=table(["row", "found in", "overrides"], [[r.name, r.origin, " ".join(r.overrides)] for r in rows]),
+        window="".join(f"{task.window} on {task.key}, " for task in columns if task.window),
+        plain_within_block=", ".join(sorted(PLAIN_WITHIN_BLOCK)),
+        plain_rope=PLAIN_ROPE,
+        left_out=say("left_out", notes="; ".join(notes_rows)) if notes_rows else "",
+    )  # fmt: skip
+    return re.sub(r"\n{3,}", "\n\n", page).strip("\n") + "\n"  # without the paragraphs that do not apply
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

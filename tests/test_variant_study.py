@@ -706,3 +706,10 @@ def test_the_committed_ledger_rebuilds_the_committed_page(tmp_path: Path) -> Non
     shown = len(ok) - len(unread)
     assert f"0 of the {shown} jobs with a number ran in this run; {shown} were measured earlier" in page
     assert (tmp_path / "variant_study.png").stat().st_size > 10_000
+
+
+def test_every_block_of_the_page_template_is_shown_by_the_page_writer() -> None:
+    """experiments/variant_study_page.md holds the page's words: a block the code never names is dead prose."""
+    source = Path(variant_study.__file__).read_text()
+    assert "page" in variant_study.blocks() and "cost" in variant_study.blocks()
+    assert [name for name in variant_study.blocks() if f'"{name}"' not in source] == []
