@@ -13,7 +13,6 @@ HISTORY = RESULTS / "history.md"
 # Real uses of the word, not a work session: the German example's reference translation.
 ALLOWED = ("People are sitting on a train",)
 # Pages still being rewritten elsewhere; each leaves this set once it no longer names a sitting.
-NOT_YET_REWRITTEN = {"content_attention.md"}
 SITTING = re.compile(r"\bsittings?\b", re.IGNORECASE)
 
 
@@ -35,16 +34,11 @@ def sittings_named(page: Path) -> list[str]:
 
 
 def test_results_pages_name_no_work_session() -> None:
-    named = [line for page in results_pages() if page.name not in NOT_YET_REWRITTEN for line in sittings_named(page)]
+    named = [line for page in results_pages() for line in sittings_named(page)]
     assert not named, (
         "a results page names a sitting; state the date, host and load, the story goes to history.md:\n"
         + ("\n".join(named))
     )
-
-
-def test_the_pages_left_to_rewrite_still_need_their_exception() -> None:
-    stale = sorted(name for name in NOT_YET_REWRITTEN if not sittings_named(RESULTS / name))
-    assert not stale, f"no sitting named any more: remove from NOT_YET_REWRITTEN: {stale}"
 
 
 def test_the_allowed_phrase_is_still_on_its_page() -> None:
