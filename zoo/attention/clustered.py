@@ -28,7 +28,8 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from zoo.attention.contract import ScoreBias
+from zoo.attention.cache import KVCache, new_tokens_padding
+from zoo.attention.contract import AttentionCall, Kernel, ScoreBias
 from zoo.attention.fast import clustered as fast_clustered
 from zoo.attention.fast import use_fast_kernels
 from zoo.attention.functional import fill_rows_
@@ -383,3 +384,53 @@ def dense_clustered_attention(
     probs = torch.exp(scores - lse).masked_fill(~has_key, 0.0)
     dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0.0 else probs
     return dropped @ v, probs, lse.masked_fill(~has_key, float("-inf"))[..., 0]
+
+
+class ClusteredKernel(Kernel):
+    """What routing and LSH share around the functions above: self-attention within content clusters (as many
+    queries as keys), a position bias per chunk, state per key/value head (so grouped heads are not repeated heads),
+    and decoding by a KVCache of every token so far, under whose pattern the new queries attend densely.
+
+    A subclass says how it attends (`attend`: the forward past the check), what the cache keeps of the keys
+    (`cached_keys`; LSH: the normalised queries) and how the new queries attend over everything cached
+    (`attend_cached`)."""
+
+    supports_position_bias = True
+    groups_as_repeated_heads = False
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if q.shape[2] != k.shape[2]:
+            raise ValueError(
+                f"{self.name} attention is self-attention: as many queries as keys, got {q.shape[2]} and {k.shape[2]}"
+            )
+        return self.attend(q, k, v, call)
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        raise NotImplementedError
+
+    def new_cache(self) -> KVCache:
+        return KVCache()
+
+    def cached_keys(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """What the cache keeps as this call's keys (B, G, t, D)."""
+        return k
+
+    def decode(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, call: AttentionCall
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Causal: the new queries (B, H, t, D) attend under the pattern of all tokens so far (a token's chunk counts
+        only earlier tokens, so the earlier tokens' pattern is unchanged); weights (B, H, t, offset + t)."""
+        padding = new_tokens_padding(call.key_padding_mask, k.shape[2])
+        keys, values = cache.append(self.cached_keys(q, k), v, padding)
+        return self.attend_cached(q, keys, values, cache.key_padding_mask(), call)
+
+    def attend_cached(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, padding: torch.Tensor | None,
+        call: AttentionCall,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """The new queries (B, H, t, D) over every cached key and value (B, G, offset + t, D), `padding` theirs."""
+        raise NotImplementedError

@@ -26,15 +26,16 @@ from __future__ import annotations
 
 import torch
 
-from zoo.attention.cache import KVCache, new_tokens_padding
+from zoo.attention.cache import KVCache
 from zoo.attention.clustered import (
+    ClusteredKernel,
     chunk_attention,
     chunk_layout,
     chunk_mask,
     dense_clustered_attention,
     to_tokens,
 )
-from zoo.attention.contract import AttentionCall, Kernel, TokenLayout
+from zoo.attention.contract import AttentionCall, TokenLayout
 from zoo.attention.fast import clustered as fast_clustered
 from zoo.attention.fast import use_fast_kernels
 from zoo.attention.functional import repeat_kv
@@ -59,7 +60,7 @@ def combine_rounds(outs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
     return (weights[..., None].to(outs.dtype) * outs).sum(dim=0)
 
 
-class LSHAttention(Kernel):
+class LSHAttention(ClusteredKernel):
     """Reformer's LSH attention (Kitaev et al. 2020) with a KVCache (of normalised queries) for decoding.
 
     Args:
@@ -71,8 +72,6 @@ class LSHAttention(Kernel):
     """
 
     name = "lsh"
-    supports_position_bias = True
-    groups_as_repeated_heads = False  # the keys are the queries (shared QK)
     example_options = (
         {"hashes": 2, "buckets": 4, "chunk_size": 4},
         {"hashes": 2, "buckets": 4, "chunk_size": 4, "chunk_keys": "bucket"},
@@ -125,16 +124,12 @@ class LSHAttention(Kernel):
         generator = None if self.training else torch.Generator().manual_seed(self.seed)
         return torch.randn(shape, generator=generator).to(device)
 
-    def forward(
+    def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         causal, key_padding_mask, bias, dropout_p = call.causal, call.key_padding_mask, call.bias, call.dropout_p
         need_weights = call.need_weights
-        if q.shape[2] != k.shape[2]:
-            raise ValueError(
-                f"lsh attention is self-attention: as many queries as keys, got {q.shape[2]} and {k.shape[2]}"
-            )
-        keys = q / q.norm(dim=-1, keepdim=True).clamp(min=1e-12)  # shared QK
+        keys = self.cached_keys(q, k)  # shared QK: the keys are the normalised queries
         values = repeat_kv(v, q.shape[1] // v.shape[1])
         buckets = lsh_buckets(q, self.rotations(q.shape[1], q.shape[3], q.device))
         across = self.chunk_keys == "chunk"
@@ -156,26 +151,29 @@ class LSHAttention(Kernel):
         rounds = [chunk_attention(c, mask, dropout_p=dropout_p) for c, mask in zip(chunks, masks)]
         return combine_rounds(torch.stack([o for o, _ in rounds]), torch.stack([lse for _, lse in rounds])), None
 
-    def new_cache(self) -> KVCache:
-        return KVCache()
+    def cached_keys(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Shared QK: the keys are the queries, normalised (every query head keeps its own)."""
+        return q / q.norm(dim=-1, keepdim=True).clamp(min=1e-12)
 
     def decode(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Causal, in evaluation's fixed hashes: the cache keeps the normalised queries (the keys) of every head;
-        the new queries attend under the pattern of all tokens so far; weights (B, H, t, offset + t)."""
-        key_padding_mask, need_weights, bias = call.key_padding_mask, call.need_weights, call.bias
+        """Causal, in evaluation's fixed hashes: the cache keeps the normalised queries (the keys) of every head."""
         if self.training:
             raise ValueError("variant 'lsh' decodes in eval mode only: training draws fresh hashes every call")
-        unit = q / q.norm(dim=-1, keepdim=True).clamp(min=1e-12)
-        keys, values = cache.append(unit, v, new_tokens_padding(key_padding_mask, k.shape[2]))
+        return super().decode(q, k, v, cache, call)
+
+    def attend_cached(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, padding: torch.Tensor | None,
+        call: AttentionCall,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         values = repeat_kv(values, q.shape[1] // values.shape[1])
         buckets = lsh_buckets(keys, self.rotations(q.shape[1], q.shape[3], q.device))
-        options = dict(causal=True, key_padding_mask=cache.key_padding_mask(), bias=bias, no_self=True)
+        options = dict(causal=True, key_padding_mask=padding, bias=call.bias, no_self=True)
         options["across_clusters"] = self.chunk_keys == "chunk"
         rounds = [
             dense_clustered_attention(q, keys, values, b, self.num_buckets, self.chunk_size, **options) for b in buckets
         ]
         lses = torch.stack([lse for _, _, lse in rounds])
         out = combine_rounds(torch.stack([o for o, _, _ in rounds]), lses)
-        return out, combine_rounds(torch.stack([p for _, p, _ in rounds]), lses) if need_weights else None
+        return out, combine_rounds(torch.stack([p for _, p, _ in rounds]), lses) if call.need_weights else None

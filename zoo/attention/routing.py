@@ -41,9 +41,8 @@ import warnings
 import torch
 
 from zoo.attention.blockwise import DENSE_MAX_LENGTH
-from zoo.attention.cache import KVCache, new_tokens_padding
-from zoo.attention.clustered import clustered_attention, dense_clustered_attention
-from zoo.attention.contract import AttentionCall, HeadLayout, Kernel, ScoreBias, TokenLayout
+from zoo.attention.clustered import ClusteredKernel, clustered_attention, dense_clustered_attention
+from zoo.attention.contract import AttentionCall, HeadLayout, ScoreBias, TokenLayout
 from zoo.attention.functional import repeat_kv
 from zoo.attention.global_tokens import check_count
 from zoo.attention.sliding_window import sliding_window_attention
@@ -75,7 +74,7 @@ def split_bias(bias: ScoreBias | None, start: int, stop: int) -> ScoreBias | Non
     return None if bias is None else HeadsOfBias(bias, start, stop)
 
 
-class RoutingAttention(Kernel):
+class RoutingAttention(ClusteredKernel):
     """Routing attention (Roy et al. 2021) with local heads, k-means centroids as a buffer and a KVCache for
     decoding.
 
@@ -92,8 +91,6 @@ class RoutingAttention(Kernel):
     """
 
     name = "routing"
-    supports_position_bias = True
-    groups_as_repeated_heads = False  # centroids per key/value head
     example_options = (
         {"clusters": 3, "chunk_size": 4, "local_heads": 0},
         {"clusters": 3, "chunk_size": 4, "local_heads": 1, "window": 5, "centroid_init": "random"},
@@ -216,15 +213,11 @@ class RoutingAttention(Kernel):
         moved = moved / moved.norm(dim=-1, keepdim=True).clamp(min=1e-12)
         self.centroids.copy_(torch.where(counts > 0, moved, self.centroids.float()).to(self.centroids.dtype))
 
-    def forward(
+    def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: AttentionCall
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         causal, key_padding_mask, bias, dropout_p = call.causal, call.key_padding_mask, call.bias, call.dropout_p
         need_weights = call.need_weights
-        if q.shape[2] != k.shape[2]:
-            raise ValueError(
-                f"routing attention is self-attention: as many queries as keys, got {q.shape[2]} and {k.shape[2]}"
-            )
         heads, groups, local = q.shape[1], q.shape[1] // k.shape[1], self.num_local_heads
         options = dict(causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p)
         parts = []
@@ -260,19 +253,13 @@ class RoutingAttention(Kernel):
         out, _ = clustered_attention(q, k, v, clusters, self.num_clusters, self.chunk, **options, need_lse=False)
         return out, None
 
-    def new_cache(self) -> KVCache:
-        return KVCache()
-
-    def decode(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, call: AttentionCall
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Causal: the new queries (B, H, t, D) attend under the pattern of all tokens so far (the local heads: the
-        last `window` keys; the routing heads: their clusters' chunks, which count only earlier tokens, so the
-        earlier tokens' pattern is unchanged); weights (B, H, t, offset+t)."""
-        key_padding_mask, need_weights, bias = call.key_padding_mask, call.need_weights, call.bias
-        keys, values = cache.append(k, v, new_tokens_padding(key_padding_mask, k.shape[2]))
-        padding = cache.key_padding_mask()
-        heads, groups, local = q.shape[1], q.shape[1] // k.shape[1], self.num_local_heads
+    def attend_cached(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, padding: torch.Tensor | None,
+        call: AttentionCall,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """The local heads: the last `window` keys; the routing heads: their clusters' chunks."""
+        need_weights, bias = call.need_weights, call.bias
+        heads, groups, local = q.shape[1], q.shape[1] // keys.shape[1], self.num_local_heads
         outs, weights = [], []
         if local:
             out, local_weights = sliding_window_attention(
