@@ -38,9 +38,9 @@ def visibility(model: torch.nn.Module, inputs: torch.Tensor) -> list[torch.Tenso
         raise ValueError("this model has no routing attention (attention=routing); valid: a model trained with it")
     seen: list[torch.Tensor] = []
 
-    def keep(kernel, args, kwargs, _output):
-        options = {name: kwargs[name] for name in ("causal", "key_padding_mask", "bias") if name in kwargs}
-        _, weights = kernel.forward(*args, **options, need_weights=True)
+    def keep(kernel, args, kwargs, _output):  # the kernel's call (q, k, v, AttentionCall), again with weights
+        q, k, v, call = args
+        _, weights = kernel.forward(q, k, v, call.replace(need_weights=True, dropout_p=0.0))
         seen.append(weights > 0)
 
     hooks = [kernel.register_forward_hook(keep, with_kwargs=True) for kernel in kernels]
