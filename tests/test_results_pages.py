@@ -1,5 +1,5 @@
 """Results pages state what is measured, the command, the conditions and the figures; which work session ("sitting")
-ran what is kept in experiments/results/history.md alone (issue 70)."""
+ran what belongs in the commit messages, not on a page (issue 70)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,14 @@ from pathlib import Path
 from tests.helpers import ROOT
 
 RESULTS = ROOT / "experiments" / "results"
-HISTORY = RESULTS / "history.md"
 # Real uses of the word, not a work session: the German example's reference translation.
 ALLOWED = ("People are sitting on a train",)
-# Pages still being rewritten elsewhere; each leaves this set once it no longer names a sitting.
 SITTING = re.compile(r"\bsittings?\b", re.IGNORECASE)
 
 
 def results_pages() -> list[Path]:
-    """Every markdown page under experiments/results/ and the docs' results page, history.md excepted."""
-    pages = [page for page in sorted(RESULTS.rglob("*.md")) if page != HISTORY]
+    """Every markdown page under experiments/results/ and the docs' results page."""
+    pages = sorted(RESULTS.rglob("*.md"))
     return [*pages, ROOT / "docs" / "results.md"]
 
 
@@ -36,7 +34,7 @@ def sittings_named(page: Path) -> list[str]:
 def test_results_pages_name_no_work_session() -> None:
     named = [line for page in results_pages() for line in sittings_named(page)]
     assert not named, (
-        "a results page names a sitting; state the date, host and load, the story goes to history.md:\n"
+        "a results page names a sitting; state the date, host and load (the story goes in the commit message):\n"
         + ("\n".join(named))
     )
 
